@@ -1,0 +1,89 @@
+"""Immutable conversation messages shared by the runtime, the models and the extensions."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeAlias
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    """Input from the user (or a steering message)."""
+
+    content: str
+    role: ClassVar[str] = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call requested by the model.
+
+    ``arguments`` is the decoded JSON object the model sent; treat it as read-only.
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessage:
+    """What the model answered: text, tool calls, or both."""
+
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    role: ClassVar[str] = "assistant"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tool_calls, tuple):
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+
+
+class ToolStatus(enum.Enum):
+    """How one tool call ended."""
+
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolMessage:
+    """The result of one tool call, answered to the model under the call's id."""
+
+    call_id: str
+    name: str
+    text: str
+    status: ToolStatus = ToolStatus.OK
+    role: ClassVar[str] = "tool"
+
+    @property
+    def failed(self) -> bool:
+        """True when the call raised, was refused, or had bad arguments."""
+        return self.status is ToolStatus.FAILED
+
+    @property
+    def skipped(self) -> bool:
+        """True when steering interrupted the batch before this call ran."""
+        return self.status is ToolStatus.SKIPPED
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ToolStatus.OK
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMessage:
+    """An ordinary message the runtime or an extension adds (for example a completion notice).
+
+    Models see it as user-side context; ``source`` names who added it.
+    """
+
+    content: str
+    source: str = ""
+    role: ClassVar[str] = "agent"
+
+
+Message: TypeAlias = UserMessage | AssistantMessage | ToolMessage | AgentMessage

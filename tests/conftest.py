@@ -1,0 +1,60 @@
+"""Suite-wide guards: every test must leave no process, zombie, thread or file descriptor behind."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+
+def _open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def _describe_fds(fds: set[int]) -> list[str]:
+    out = []
+    for fd in sorted(fds):
+        try:
+            out.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            out.append(f"{fd} -> ?")
+    return out
+
+
+def _descendants() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a child process, a zombie, a thread or a file descriptor behind."""
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    fds_before = _open_fds()
+    threads_before = {t.ident for t in threading.enumerate()}
+    yield
+    leftover = _descendants()
+    # Processes left behind are killed so one failure does not cascade into the next tests.
+    for proc in leftover:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    for proc in leftover:
+        try:
+            os.waitpid(proc.pid, 0)
+        except ChildProcessError:
+            pass
+    assert not leftover, f"test left processes behind: {[(p.pid, p.status()) for p in leftover if p.is_running()] or [p.pid for p in leftover]}"
+    threads_after = [t for t in threading.enumerate() if t.ident not in threads_before]
+    assert not [t for t in threads_after if t.is_alive()], f"test left threads: {threads_after}"
+    leaked = _open_fds() - fds_before
+    assert not leaked, f"test left file descriptors open: {_describe_fds(leaked)}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "allow_leaks: opt out of the leak guard (use sparingly)")
