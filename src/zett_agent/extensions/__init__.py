@@ -1,0 +1,7 @@
+"""Extensions: the ``Extension`` base class and its hooks (see SPEC section 3)."""
+
+from __future__ import annotations
+
+from zett_agent.extensions._base import Extension, ModelCallNext, ToolCallNext, closing_stream
+
+__all__ = ["Extension", "ModelCallNext", "ToolCallNext", "closing_stream"]
