@@ -1,0 +1,306 @@
+"""``ProcessJob``: the handle of one submitted job, its lifecycle and its event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import JobCancelled
+from ._limits import ProcessLimits
+
+if TYPE_CHECKING:
+    from ._pool import ProcessPool
+
+__all__ = ["JobStatus", "JobUsage", "ProcessJob"]
+
+
+class JobStatus(enum.Enum):
+    """Lifecycle of a job. ``QUEUED -> RUNNING -> COMPLETED | FAILED | CANCELLED``; a queued
+    job can also end directly (``CANCELLED``, or ``FAILED`` when no worker could be started).
+    Any other transition is a bug and raises ``RuntimeError``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    # a queued job fails without running only when no worker process can be started
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED}),
+    JobStatus.RUNNING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}),
+    JobStatus.COMPLETED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """Resources used by a job's process tree.
+
+    While the job runs the numbers are read from ``/proc`` on demand (the worker and its
+    descendants); once it ended they are the worker's final ``getrusage`` numbers.
+    """
+
+    cpu_seconds: float
+    rss_bytes: int
+    peak_rss_bytes: int
+    elapsed: float
+
+
+class ProcessJob:
+    """One job submitted to a ``ProcessPool``. Create it with ``ProcessPool.submit``.
+
+    ``await job`` returns the job's result or raises its error (``JobFailed``,
+    ``WorkerCrashed``, ``JobTimeout``, ``LimitExceeded``, ``ProtocolError``, ``PoolClosed``,
+    ``JobCancelled``). Cancelling the task that awaits the job cancels the job too (its process
+    tree is killed) like awaiting an ``asyncio.Task``; use ``wait()`` to wait without that.
+    """
+
+    def __init__(
+        self,
+        pool: ProcessPool,
+        loop: asyncio.AbstractEventLoop,
+        payload: bytes,
+        limits: ProcessLimits,
+        name: str,
+        max_buffered_events: int,
+    ) -> None:
+        self._pool = pool
+        self._loop = loop
+        self._payload: bytes | None = payload
+        self.limits = limits
+        self.name = name
+        self.status = JobStatus.QUEUED
+        #: the worker's pid while the job runs, else None
+        self.pid: int | None = None
+        #: events dropped because nobody iterated ``events()`` and the buffer was full
+        self.dropped_events = 0
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._events: deque[Any] = deque()
+        self._max_events = max_buffered_events
+        self._event_waiter: asyncio.Future[None] | None = None
+        self._consumer = False
+        self._started_at: float | None = None
+        self._ended_at: float | None = None
+        self._final_cpu = 0.0
+        self._final_peak = 0
+        self._peak_seen = 0
+        self._callbacks: list[Callable[[ProcessJob], object]] = []
+        #: set when the pool starts killing the job: the outcome it will end with
+        self._kill_reason: BaseException | None = None
+
+    def __repr__(self) -> str:
+        pid = f" pid={self.pid}" if self.pid is not None else ""
+        return f"<ProcessJob {self.name} {self.status.name}{pid}>"
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _set_status(self, status: JobStatus) -> None:
+        if status not in _TRANSITIONS[self.status]:
+            raise RuntimeError(f"illegal job transition {self.status.name} -> {status.name}")
+        self.status = status
+
+    def _begin(self, pid: int) -> bytes:
+        self._set_status(JobStatus.RUNNING)
+        self.pid = pid
+        self._started_at = time.monotonic()
+        payload = self._payload
+        assert payload is not None
+        self._payload = None
+        return payload
+
+    def _finish(
+        self,
+        status: JobStatus,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+        cpu: float | None = None,
+        peak_rss: int | None = None,
+    ) -> None:
+        if self._done.done():
+            return
+        self._set_status(status)
+        self.pid = None
+        self._payload = None
+        self._ended_at = time.monotonic()
+        if cpu is not None:
+            self._final_cpu = cpu
+        if peak_rss is not None:
+            self._final_peak = peak_rss
+        self._result = result
+        self._exception = exception
+        self._done.set_result(None)
+        self._wake_consumer()
+        for callback in self._callbacks:
+            self._loop.call_soon(callback, self)
+        self._callbacks.clear()
+
+    def done(self) -> bool:
+        """Whether the job ended (completed, failed or cancelled)."""
+        return self._done.done()
+
+    def result(self) -> Any:
+        """The job's result; raises its error if it failed or was cancelled.
+
+        Raises ``RuntimeError`` if the job has not ended yet.
+        """
+        if not self._done.done():
+            raise RuntimeError(f"{self!r} has not finished yet; await it first")
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self) -> BaseException | None:
+        """The job's error, ``None`` if it completed. ``RuntimeError`` if not finished."""
+        if not self._done.done():
+            raise RuntimeError(f"{self!r} has not finished yet; await it first")
+        return self._exception
+
+    def add_done_callback(self, callback: Callable[[ProcessJob], object]) -> None:
+        """Call ``callback(job)`` soon after the job ends (at once-soon if it already did)."""
+        if self._done.done():
+            self._loop.call_soon(callback, self)
+        else:
+            self._callbacks.append(callback)
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._result_when_done().__await__()
+
+    async def _result_when_done(self) -> Any:
+        try:
+            await asyncio.shield(self._done)
+        except asyncio.CancelledError:
+            if not self._done.done():
+                # like awaiting a Task: the awaiter's cancellation cancels the job; wait for
+                # the tree to be gone (under a shield), then let the cancellation propagate
+                kill = asyncio.ensure_future(self.cancel())
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(kill)
+            raise
+        return self.result()
+
+    async def wait(self) -> None:
+        """Wait until the job ended, without raising its error.
+
+        Cancellation: cancelling the waiter does not cancel the job.
+        """
+        await asyncio.shield(self._done)
+
+    async def cancel(self, grace: float | None = None) -> None:
+        """Cancel the job and return once every process of its tree is gone.
+
+        A queued job is dropped. A running job's tree gets SIGTERM and up to ``grace`` seconds
+        to exit (default: the pool's ``kill_grace``), then is frozen and SIGKILLed. The job ends
+        as ``CANCELLED`` with ``JobCancelled`` (unless it was already being killed for another
+        reason, whose outcome wins). No-op for a finished job.
+
+        Cancellation: if the caller is cancelled while waiting, the kill still completes in the
+        background.
+        """
+        if self._done.done():
+            return
+        if self.status is JobStatus.QUEUED:
+            self._pool._drop_queued(self)
+            self._finish(JobStatus.CANCELLED, exception=JobCancelled())
+            return
+        self._pool._kill_job(self, JobCancelled(), grace)
+        await asyncio.shield(self._done)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _push_event(self, value: Any) -> bool:
+        """Store an event; return True if the reader should pause (consumer behind)."""
+        self._events.append(value)
+        if len(self._events) > self._max_events and not self._consumer:
+            self._events.popleft()
+            self.dropped_events += 1
+        self._wake_consumer()
+        return self._consumer and len(self._events) >= self._max_events
+
+    def _wake_consumer(self) -> None:
+        waiter = self._event_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def events(self) -> AsyncIterator[Any]:
+        """Iterate over what the child passed to ``emit()``, in order; ends when the job ends.
+
+        One consumer per job (a second call raises ``RuntimeError``). While a consumer exists
+        and ``max_buffered_events`` are waiting, the pool stops reading the child's socket, so
+        the child's ``emit`` blocks (backpressure). Before anyone calls ``events()`` the oldest
+        events are dropped beyond the bound (counted in ``dropped_events``), so ``await job``
+        alone never deadlocks. The iterator does not raise the job's error; await the job.
+        """
+        if self._consumer:
+            raise RuntimeError(f"events() of {self!r} already has a consumer")
+        self._consumer = True
+        return _EventStream(self)
+
+    # -- usage ------------------------------------------------------------------------------
+
+    def usage(self) -> JobUsage:
+        """Resources of the job's tree: live from ``/proc`` while running, final after it ends.
+
+        ``elapsed`` counts from dispatch to the end (0 while queued).
+        """
+        started = self._started_at
+        if started is None:
+            return JobUsage(0.0, 0, 0, 0.0)
+        if self._ended_at is not None:
+            return JobUsage(self._final_cpu, 0, self._final_peak, self._ended_at - started)
+        cpu, rss = 0.0, 0
+        pid = self.pid
+        if pid is not None:
+            import psutil
+
+            try:
+                root = psutil.Process(pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    times = proc.cpu_times()
+                    cpu += times.user + times.system
+                    rss += proc.memory_info().rss
+                except psutil.Error:
+                    continue
+        self._peak_seen = max(self._peak_seen, rss)
+        return JobUsage(cpu, rss, self._peak_seen, time.monotonic() - started)
+
+
+class _EventStream:
+    def __init__(self, job: ProcessJob) -> None:
+        self._job = job
+
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        job = self._job
+        while True:
+            if job._events:
+                value = job._events.popleft()
+                job._pool._events_consumed(job)
+                return value
+            if job._done.done():
+                raise StopAsyncIteration
+            job._event_waiter = job._loop.create_future()
+            try:
+                await job._event_waiter
+            finally:
+                job._event_waiter = None

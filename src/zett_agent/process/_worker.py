@@ -1,0 +1,223 @@
+"""The child side: what runs inside a worker process, and ``emit``.
+
+A worker is forked by the launcher. It reads cloudpickle'd jobs from its socket, runs each one
+and answers with JSON frames (see ``_protocol``). It imports almost nothing itself; everything it
+uses was already imported by the launcher before the fork, so a worker starts warm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+from typing import Any, NoReturn
+
+from . import _linux, _tree
+from ._protocol import FLAG_LAST, HEADER
+
+__all__ = ["emit", "serve"]
+
+_JSON_HINT = "JSON-compatible data (dict with str keys, list, str, int, float, bool, None)"
+
+
+class _Channel:
+    """The worker's end of its socket; ``send`` is thread-safe and blocks (backpressure)."""
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
+        self.sock = sock
+        self.max_frame_bytes = max_frame_bytes
+        self.lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
+        if len(payload) > self.max_frame_bytes:
+            raise ValueError(
+                f"a {message['k']} of {len(payload)} bytes does not fit the pool's "
+                f"max_frame_bytes={self.max_frame_bytes}; send less data per frame or raise "
+                "ProcessPool(max_frame_bytes=...)"
+            )
+        with self.lock:
+            self.sock.sendall(HEADER.pack(len(payload)) + payload)
+
+
+_channel: _Channel | None = None
+
+
+def emit(obj: Any) -> None:
+    """Send ``obj`` as an event to the parent; it appears in ``ProcessJob.events()``.
+
+    Call it only from code running inside a pool job. ``obj`` must be JSON-compatible (tuples
+    arrive as lists). The write blocks while the parent's buffer for this job is full, so a
+    flood of events slows the job down instead of growing the parent's memory.
+
+    Raises ``TypeError`` naming the offending value if ``obj`` is not JSON-compatible,
+    ``ValueError`` if it is larger than the pool's ``max_frame_bytes``, and ``RuntimeError``
+    outside a worker.
+    """
+    channel = _channel
+    if channel is None:
+        raise RuntimeError(
+            "emit() only works inside a job running in a ProcessPool worker; call it from the "
+            "function you passed to ProcessPool.submit()"
+        )
+    try:
+        channel.send({"k": "event", "v": obj})
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and "max_frame_bytes" in str(exc):
+            raise
+        raise TypeError(f"emit() takes {_JSON_HINT}; {exc}") from None
+
+
+def _channel_fd() -> int:
+    """The worker socket's fd (tests use it to write garbage on purpose)."""
+    if _channel is None:
+        raise RuntimeError("not inside a worker")
+    return _channel.sock.fileno()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _usage() -> dict[str, float]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+        "maxrss": max(me.ru_maxrss, kids.ru_maxrss) * 1024,
+    }
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    import traceback
+
+    return {
+        "k": "error",
+        "type": _type_name(exc),
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+def _apply_limits(spec: dict[str, Any]) -> None:
+    if spec["memory_bytes"] is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (spec["memory_bytes"], spec["memory_bytes"]))
+    if spec["cpu_seconds"] is not None:
+        soft = max(1, -(-spec["cpu_seconds"] // 1))
+        resource.setrlimit(resource.RLIMIT_CPU, (int(soft), int(soft) + 1))
+    if spec["max_open_files"] is not None:
+        n = spec["max_open_files"]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    if spec["env"] is not None:
+        os.environ.clear()
+        os.environ.update(spec["env"])
+    if spec["cwd"] is not None:
+        os.chdir(spec["cwd"])
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _run(payload: bytes) -> Any:
+    import cloudpickle
+
+    fn, args, kwargs, spec = cloudpickle.loads(payload)
+    if spec is not None:
+        _apply_limits(spec)
+    result = fn(*args, **kwargs)
+    if hasattr(result, "__await__"):
+        import asyncio
+
+        result = asyncio.run(_await(result))
+    return result
+
+
+def _reap_leftovers() -> None:
+    """Kill and reap every descendant a finished job left behind (this process is a subreaper)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return  # the common case: the job started no process
+    _tree.freeze_and_kill(_tree.children_of(_tree.scan(), os.getpid()))
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _flush_std_streams() -> None:
+    # os._exit() skips Python's own flushing; what the job printed must not be lost
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+
+
+def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoReturn:
+    """Run jobs from ``sock`` until told the job is the last one or the socket closes; exit.
+
+    Never returns: the process ends with ``os._exit`` so nothing of the launcher's state (atexit
+    handlers, buffered files) runs twice.
+    """
+    global _channel
+    _linux.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != launcher_pid:
+        os._exit(1)
+    os.setsid()
+    _linux.set_child_subreaper()
+    sock.setblocking(True)
+    _channel = _Channel(sock, max_frame_bytes)
+    while True:
+        header = _recv_exactly(sock, HEADER.size)
+        if header is None:
+            break
+        (size,) = HEADER.unpack(header)
+        body = _recv_exactly(sock, size)
+        if body is None:
+            break
+        last = body[0] & FLAG_LAST
+        try:
+            result = _run(body[1:])
+            try:
+                message = {"k": "result", "v": result, "u": _usage()}
+                _channel.send(message)
+            except (TypeError, ValueError) as exc:
+                if isinstance(exc, ValueError) and "max_frame_bytes" in str(exc):
+                    raise
+                raise TypeError(
+                    f"results must be JSON-compatible (dict/list/str/int/float/bool/None); {exc}"
+                ) from None
+        except BaseException as exc:
+            message = _error(exc)
+            message["u"] = _usage()
+            try:
+                _channel.send(message)
+            except (TypeError, ValueError):
+                message["message"] = repr(message["message"])[:1000]
+                message["traceback"] = ""
+                _channel.send(message)
+        _flush_std_streams()
+        _reap_leftovers()
+        if last:
+            break
+    os._exit(0)
