@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from zett_agent.agent import Agent, AgentRunConfig, AgentRunContext
@@ -758,6 +759,8 @@ async def test_pending_stays_true_for_a_shared_instance_until_every_request_ends
     run_two = asyncio.create_task(agent_two.run("y"))
     await asyncio.gather(entered["one"].wait(), entered["two"].wait())
     assert shared.pending
+    # the count stays with this process: a copy shipped to a child is not pending
+    assert not cloudpickle.loads(cloudpickle.dumps(shared)).pending
 
     gates["one"].set()
     assert (await run_one).content == "one"

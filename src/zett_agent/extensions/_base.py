@@ -24,6 +24,12 @@ ToolCallNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
 
 _T = TypeVar("_T")
 
+# Requests in flight per extension instance, keyed by id() so the count never travels with an
+# extension that is pickled into a child process and works for unhashable subclasses. An entry
+# exists only while the count is positive, and the agents running those requests keep the
+# instance alive, so an id is never reused while it has an entry.
+_PENDING: dict[int, int] = {}
+
 
 @asynccontextmanager
 async def closing_stream(stream: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
@@ -77,14 +83,15 @@ class Extension:
         request using it has finished, failed or been cancelled. Data kept between requests
         does not count.
         """
-        return int(self.__dict__.get("_extension_pending", 0)) > 0
+        return _PENDING.get(id(self), 0) > 0
 
     def _request_started(self) -> None:
-        self.__dict__["_extension_pending"] = int(self.__dict__.get("_extension_pending", 0)) + 1
+        _PENDING[id(self)] = _PENDING.get(id(self), 0) + 1
 
     def _request_ended(self) -> None:
-        count = int(self.__dict__.get("_extension_pending", 0))
-        self.__dict__["_extension_pending"] = max(0, count - 1)
+        count = _PENDING.pop(id(self), 0) - 1
+        if count > 0:
+            _PENDING[id(self)] = count
 
     def accept(self, config: AgentRunConfig | None, event: Any) -> bool:
         """Handle one external event and report whether it was accepted.

@@ -1,0 +1,76 @@
+"""The offline models replay deterministically and travel to child processes with cloudpickle."""
+
+from __future__ import annotations
+
+import cloudpickle
+
+from zett_agent.messages import AssistantMessage, UserMessage
+from zett_agent.model import (
+    Model,
+    ModelEventKind,
+    ModelRequest,
+    ModelResponse,
+    RetryOptions,
+    TransientModelError,
+    Usage,
+)
+from zett_agent.testing import FunctionModel, ScriptedModel, ScriptExhaustedError
+
+from .helpers import call
+
+REQUEST = ModelRequest(messages=(UserMessage("hi"),))
+
+
+async def collect(model: Model) -> list[object]:
+    return [event async for event in model.stream(REQUEST)]
+
+
+async def test_scripted_model_replays_items_in_order() -> None:
+    usage = Usage(1, 1)
+    model = ScriptedModel(
+        [
+            "text",
+            call("echo", text="a"),
+            ModelResponse(AssistantMessage("r"), usage),
+            TransientModelError("x"),
+        ]
+    )
+    assert isinstance(model, Model)
+    first = await collect(model)
+    assert [e.kind for e in first] == [ModelEventKind.TEXT_DELTA, ModelEventKind.COMPLETED]  # type: ignore[attr-defined]
+    second = await collect(model)
+    assert second[-1].response.message.tool_calls[0].name == "echo"  # type: ignore[attr-defined]
+    third = await collect(model)
+    assert third[-1].response.usage == usage  # type: ignore[attr-defined]
+    try:
+        await collect(model)
+    except TransientModelError:
+        pass
+    else:
+        raise AssertionError("the scripted exception was not raised")
+    try:
+        await collect(model)
+    except ScriptExhaustedError as error:
+        assert not error.retryable and "only 4 responses" in str(error)
+    assert model.requests == [REQUEST] * 5
+
+
+async def test_function_model_accepts_sync_and_async_functions() -> None:
+    async def answer(request: ModelRequest) -> str:
+        return f"{len(request.messages)} messages"
+
+    assert (await collect(FunctionModel(answer)))[-1].response.message.content == "1 messages"  # type: ignore[attr-defined]
+    sync = FunctionModel(lambda request: AssistantMessage("sync"))
+    assert (await collect(sync))[-1].response.message.content == "sync"  # type: ignore[attr-defined]
+
+
+async def test_offline_models_pickle_with_their_state() -> None:
+    scripted = ScriptedModel(["a", "b"], retry=RetryOptions(max_retries=2))
+    await collect(scripted)
+    copy = cloudpickle.loads(cloudpickle.dumps(scripted))
+    assert copy.retry == RetryOptions(max_retries=2)
+    assert (await collect(copy))[-1].response.message.content == "b"
+
+    prefix = "closure"
+    function = cloudpickle.loads(cloudpickle.dumps(FunctionModel(lambda r: f"{prefix} says hi")))
+    assert (await collect(function))[-1].response.message.content == "closure says hi"
