@@ -58,6 +58,7 @@ logger = logging.getLogger("zett_agent.agent")
 
 STEERING_SKIP_TEXT = "skipped: interrupted by a steering message"
 CANCEL_SKIP_TEXT = "skipped: the request was cancelled"
+FAILURE_SKIP_TEXT = "skipped: the request failed before this call finished"
 
 
 class AgentError(Exception):
@@ -380,14 +381,20 @@ class Agent:
             runtime.active = context
             for ext in self._extensions:
                 ext._request_started()
+            cancelled = False
             try:
                 return await self._execute(context)
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
             finally:
                 runtime.active = None
                 for ext in self._extensions:
                     ext._request_ended()
                 leftovers, context._steering = context._steering, []
-                if not self._closed:
+                if leftovers and cancelled:
+                    logger.info("request cancelled; %d steering messages dropped", len(leftovers))
+                elif not self._closed:
                     for steered in leftovers:
                         # Steering that arrived after the last turn settled starts its own
                         # request rather than being lost.
@@ -410,9 +417,11 @@ class Agent:
             await self._publish_in(context, RunCompletedEvent(sid, final))
             return final
         except asyncio.CancelledError:
+            self._answer_dangling_calls(context, CANCEL_SKIP_TEXT)
             await self._publish_quietly(context, RunCancelledEvent(sid))
             raise
         except Exception as error:
+            self._answer_dangling_calls(context, FAILURE_SKIP_TEXT)
             await self._run_on_error(context, error)
             await self._publish_quietly(
                 context, RunFailedEvent(sid, f"{type(error).__name__}: {error}")
@@ -591,7 +600,7 @@ class Agent:
                         break
             except asyncio.CancelledError:
                 await self._stop_tasks([*tasks, steered])
-                self._record_settled(context, calls, tasks, CANCEL_SKIP_TEXT)
+                self._record_settled(context, calls, tasks)
                 raise
             await self._stop_tasks([*tasks, steered])
             errors = [t.exception() for t in tasks if not t.cancelled() and t.exception()]
@@ -621,16 +630,28 @@ class Agent:
         context: AgentRunContext,
         calls: Sequence[ToolCall],
         tasks: Sequence[asyncio.Task[ToolMessage]],
-        skip_text: str,
     ) -> None:
-        """Answer every call of a cancelled batch so the conversation stays well-formed."""
-        for call, task in zip(calls, tasks, strict=True):
+        """Keep the results of calls that completed before the batch was cancelled."""
+        for task in tasks:
             if task.done() and not task.cancelled() and task.exception() is None:
                 context._session.messages.append(task.result())
-            else:
-                context._session.messages.append(
-                    ToolMessage(call.id, call.name, skip_text, ToolStatus.SKIPPED)
-                )
+
+    @staticmethod
+    def _answer_dangling_calls(context: AgentRunContext, text: str) -> None:
+        """Answer every unanswered call of the last assistant message as skipped.
+
+        A request that ends in the middle of a turn would otherwise leave tool calls without
+        results, which providers reject on the session's next request.
+        """
+        messages = context._session.messages
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if isinstance(message, AssistantMessage):
+                answered = {m.call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+                for call in message.tool_calls:
+                    if call.id not in answered:
+                        messages.append(ToolMessage(call.id, call.name, text, ToolStatus.SKIPPED))
+                return
 
     def _tool_chain(
         self, context: AgentRunContext, tool: AgentTool, index: int
