@@ -54,6 +54,10 @@ class AgentClient:
         """Broadcast an external event; returns the names of the extensions that accepted."""
         return self._agent.accept(event, config=self._config)
 
+    async def wait_idle(self) -> None:
+        """Wait until the agent's background requests finished; see ``Agent.wait_idle``."""
+        await self._agent.wait_idle()
+
     async def close(self) -> None:
         """Close the agent (cancels its background requests); idempotent."""
         await self._agent.close()

@@ -76,7 +76,8 @@ async def test_client_steer_goes_to_its_session() -> None:
         ScriptedModel(["ok"]), config=AgentRunConfig(session_id="s"), extensions=[accepting]
     )
     assert client.steer("idle steer") is False
-    await accepting.completed.wait()
+    await client.wait_idle()
+    assert accepting.completed.is_set()
     await client.close()
     await client.close()
     assert client.agent.messages("s") == (UserMessage("idle steer"), AssistantMessage("ok"))
