@@ -1,0 +1,36 @@
+"""Small helpers shared by the process engine tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psutil
+
+from zett_agent.process import ProcessJob
+
+#: hang guard for anything a test awaits; outcomes arrive in milliseconds
+GUARD = 10.0
+
+
+async def first_event(job: ProcessJob) -> Any:
+    """The first event a job emits (the job's "I am running" signal in these tests)."""
+    async with asyncio.timeout(GUARD):
+        async for event in job.events():
+            return event
+    raise AssertionError(f"{job!r} ended without an event")
+
+
+async def outcome(job: ProcessJob) -> BaseException | None:
+    """Wait for a job's end and return its error (None if it completed)."""
+    async with asyncio.timeout(GUARD):
+        await job.wait()
+    return job.exception()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,169 @@
+"""Job functions run by the process engine tests (sent to workers by value)."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from zett_agent.process import _protocol, emit
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def getpid() -> int:
+    return os.getpid()
+
+
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+def wait_for_go(fifo: str) -> str:
+    """Tell the parent we run, then block until the parent writes a line to ``fifo``."""
+    emit("ready")
+    with open(fifo, "rb") as stream:
+        return stream.readline().decode().strip()
+
+
+def ready_then_spin() -> None:
+    emit(os.getpid())
+    while True:
+        pass
+
+
+def ready_then_sleep() -> None:
+    emit(os.getpid())
+    time.sleep(600)
+
+
+def segfault() -> None:
+    ctypes.string_at(0)
+
+
+def exit3() -> None:
+    os._exit(3)
+
+
+def abort() -> None:
+    os.abort()
+
+
+def raise_value_error() -> None:
+    raise ValueError("boom")
+
+
+def raise_system_exit() -> None:
+    raise SystemExit(5)
+
+
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def return_unserializable() -> Any:
+    return {"x": object()}
+
+
+def _write_raw(data: bytes) -> None:
+    from zett_agent.process._worker import _channel_fd
+
+    os.write(_channel_fd(), data)
+
+
+def die_mid_result() -> None:
+    from zett_agent.process._worker import _channel_fd
+
+    fd = _channel_fd()
+    os.write(fd, _protocol.HEADER.pack(8 << 20) + b"[" + b"1," * 100_000)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_garbage(data: bytes) -> None:
+    _write_raw(data)
+    time.sleep(600)
+
+
+def spawn_tree() -> None:
+    """Start a grandchild, and a double-forked ``setsid`` grandchild; emit all pids; sleep."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(write_end, str(os.getpid()).encode())
+            time.sleep(600)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    escaped = int(os.read(read_end, 32))
+    emit([os.getpid(), sleeper.pid, escaped])
+    time.sleep(600)
+
+
+def leave_background_child() -> int:
+    """Return while a child still runs; the engine must kill it with the job."""
+    return subprocess.Popen(["sleep", "600"]).pid
+
+
+def allocate(nbytes: int) -> int:
+    return len(bytearray(nbytes))
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def cwd() -> str:
+    return os.getcwd()
+
+
+def nofile() -> list[int]:
+    import resource
+
+    return list(resource.getrlimit(resource.RLIMIT_NOFILE))
+
+
+def flood(n: int) -> int:
+    for i in range(n):
+        emit(i)
+    return n
+
+
+def term_handler(path: str) -> None:
+    """Exit cleanly on SIGTERM, leaving a mark in ``path``."""
+
+    def on_term(signum: int, frame: object) -> None:
+        with open(path, "w") as stream:
+            stream.write("terminated")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    emit(os.getpid())
+    while True:
+        time.sleep(1)
+
+
+def ignore_term() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    emit(os.getpid())
+    while True:
+        time.sleep(1)
+
+
+def print_and_return() -> str:
+    print("hello from the worker", file=sys.stderr)
+    return "ok"

@@ -1,0 +1,202 @@
+"""The pool's ordinary life: results, sync and async functions, events, queueing, reuse,
+limits that change the environment, closing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import zett_agent.process as process
+from zett_agent.process import (
+    JobStatus,
+    PoolClosed,
+    ProcessError,
+    ProcessLimits,
+    ProcessPool,
+)
+
+from . import _jobs
+from ._helpers import GUARD, alive, first_event, outcome
+
+
+def test_exports_match_all() -> None:
+    assert sorted(process.__all__) == sorted(
+        name for name in dir(process) if not name.startswith("_") and name != "annotations"
+    )
+    for name in process.__all__:
+        assert getattr(process, name) is not None
+
+
+def test_emit_outside_a_worker_raises() -> None:
+    with pytest.raises(RuntimeError, match="inside a job"):
+        process.emit({"x": 1})
+
+
+def test_limits_validate() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        ProcessLimits(timeout=0)
+    assert not ProcessLimits(timeout=1).applies_in_child
+    assert ProcessLimits(cwd="/").applies_in_child
+
+
+async def test_submit_before_start_and_after_close() -> None:
+    pool = ProcessPool(1)
+    with pytest.raises(RuntimeError, match="before start"):
+        pool.submit(_jobs.add, 1, 2)
+    async with pool:
+        assert await pool.submit(_jobs.add, 1, 2) == 3
+    with pytest.raises(PoolClosed):
+        pool.submit(_jobs.add, 1, 2)
+    await pool.close()  # idempotent
+    with pytest.raises(PoolClosed):
+        await pool.start()
+
+
+async def test_results_of_plain_async_lambda_and_closure() -> None:
+    offset = 40
+
+    def closure(x: int) -> int:
+        return x + offset
+
+    async with ProcessPool(2) as pool:
+        jobs = [
+            pool.submit(_jobs.add, 1, b=2),
+            pool.submit(_jobs.async_add, 2, 3),
+            pool.submit(lambda: "lambda"),
+            pool.submit(closure, 2),
+            pool.submit(_jobs.print_and_return),
+        ]
+        async with asyncio.timeout(GUARD):
+            results = [await job for job in jobs]
+    assert results == [3, 5, "lambda", 42, "ok"]
+    assert all(job.status is JobStatus.COMPLETED for job in jobs)
+    assert "COMPLETED" in repr(jobs[0])
+    usage = jobs[0].usage()
+    assert usage.elapsed > 0 and usage.peak_rss_bytes > 0
+
+
+async def test_each_job_gets_a_fresh_process_by_default() -> None:
+    async with ProcessPool(2) as pool:
+        pids = [await pool.submit(_jobs.getpid) for _ in range(3)]
+    assert len(set(pids)) == 3
+    assert os.getpid() not in pids
+
+
+async def test_max_jobs_per_worker_reuses_the_process() -> None:
+    async with ProcessPool(1, spare_workers=1, max_jobs_per_worker=3) as pool:
+        pids = [await pool.submit(_jobs.getpid) for _ in range(4)]
+    assert pids[0] == pids[1] == pids[2] != pids[3]
+
+
+async def test_a_reused_worker_kills_what_the_previous_job_left_running() -> None:
+    async with ProcessPool(1, spare_workers=1, max_jobs_per_worker=2) as pool:
+        leftover = await pool.submit(_jobs.leave_background_child)
+        assert await pool.submit(_jobs.add, 1, 1) == 2
+        assert not alive(leftover)
+
+
+async def test_jobs_beyond_max_workers_queue_in_order(tmp_path: Path) -> None:
+    fifo = str(tmp_path / "go")
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDWR)  # the job's open() never blocks; the line waits here
+    try:
+        async with ProcessPool(1, spare_workers=1) as pool:
+            first = pool.submit(_jobs.wait_for_go, fifo)
+            rest = [pool.submit(_jobs.add, i, 0) for i in range(3)]
+            assert await first_event(first) == "ready"
+            assert first.status is JobStatus.RUNNING and first.pid is not None
+            assert [job.status for job in rest] == [JobStatus.QUEUED] * 3
+            finished: list[int] = []
+            for i, job in enumerate(rest):
+                job.add_done_callback(lambda _job, i=i: finished.append(i))
+            os.write(keep, b"go\n")
+            async with asyncio.timeout(GUARD):
+                assert await first == "go"
+                assert [await job for job in rest] == [0, 1, 2]
+                await asyncio.sleep(0)  # callbacks run soon after the end
+            assert finished == [0, 1, 2]
+    finally:
+        os.close(keep)
+
+
+async def test_cancel_a_queued_job_drops_it() -> None:
+    async with ProcessPool(1, spare_workers=0) as pool:
+        running = pool.submit(_jobs.ready_then_sleep)
+        queued = pool.submit(_jobs.add, 1, 2)
+        await queued.cancel()
+        assert queued.status is JobStatus.CANCELLED
+        with pytest.raises(process.JobCancelled):
+            await queued
+        await running.cancel()
+
+
+async def test_events_stream_in_order_with_backpressure() -> None:
+    n, bound = 3000, 8
+    async with ProcessPool(1, max_buffered_events=bound) as pool:
+        job = pool.submit(_jobs.flood, n)
+        seen = []
+        async with asyncio.timeout(GUARD):
+            async for event in job.events():
+                assert len(job._events) <= bound
+                seen.append(event)
+            assert await job == n
+    assert seen == list(range(n))
+    assert job.dropped_events == 0
+
+
+async def test_events_nobody_reads_are_bounded_and_never_block_the_result() -> None:
+    n, bound = 5000, 16
+    async with ProcessPool(1, max_buffered_events=bound) as pool:
+        job = pool.submit(_jobs.flood, n)
+        async with asyncio.timeout(GUARD):
+            assert await job == n
+        assert job.dropped_events == n - bound
+        assert [event async for event in job.events()] == list(range(n - bound, n))
+        with pytest.raises(RuntimeError, match="consumer"):
+            job.events()
+
+
+async def test_env_cwd_and_open_files_limits_apply(tmp_path: Path) -> None:
+    async with ProcessPool(2) as pool:
+        env = pool.submit(_jobs.environ, limits=ProcessLimits(env={"ONLY": "this"}))
+        cwd = pool.submit(_jobs.cwd, limits=ProcessLimits(cwd=str(tmp_path)))
+        nofile = pool.submit(_jobs.nofile, limits=ProcessLimits(max_open_files=64))
+        async with asyncio.timeout(GUARD):
+            assert await env == {"ONLY": "this"}
+            assert await cwd == str(tmp_path)
+            assert await nofile == [64, 64]
+        # limits never leak into the next job: those workers were retired
+        assert "ONLY" not in await pool.submit(_jobs.environ)
+
+
+async def test_unpicklable_job_raises_at_submit_and_pool_keeps_working() -> None:
+    async with ProcessPool(1) as pool:
+        with pytest.raises(TypeError, match=r"argument 1 \(<unlocked _thread.lock"):
+            pool.submit(_jobs.add, 1, threading.Lock())
+        assert await pool.submit(_jobs.add, 1, 2) == 3
+
+
+async def test_close_kills_running_and_drops_queued_jobs() -> None:
+    pool = ProcessPool(1, spare_workers=1)
+    await pool.start()
+    running = pool.submit(_jobs.ready_then_spin)
+    queued = pool.submit(_jobs.add, 1, 2)
+    pid = await first_event(running)
+    async with asyncio.timeout(GUARD):
+        await asyncio.gather(pool.close(), pool.close())
+    assert not alive(pid)
+    for job in (running, queued):
+        assert job.status is JobStatus.CANCELLED
+        assert isinstance(await outcome(job), PoolClosed)
+        assert isinstance(job.exception(), ProcessError)
+
+
+async def test_bad_preload_fails_start_with_a_clear_error() -> None:
+    pool = ProcessPool(1, preload=["no_such_module_for_zett"])
+    with pytest.raises(ProcessError, match="no_such_module_for_zett"):
+        await pool.start()
+    await pool.close()
