@@ -167,3 +167,10 @@ def ignore_term() -> None:
 def print_and_return() -> str:
     print("hello from the worker", file=sys.stderr)
     return "ok"
+
+
+def exit0_leaving_child() -> None:
+    """Leave a background child and exit with code 0 without sending a result."""
+    child = subprocess.Popen(["sleep", "600"])
+    emit(child.pid)
+    os._exit(0)

@@ -134,3 +134,14 @@ async def test_cpu_limit() -> None:
         assert error.reached is not None and error.reached >= 0.9
         assert isinstance(error.__cause__, WorkerCrashed)
         assert error.__cause__.signal_name == "SIGXCPU"
+
+
+async def test_a_job_never_leaves_processes_behind() -> None:
+    async with ProcessPool(1) as pool:
+        crashed = pool.submit(_jobs.exit0_leaving_child)
+        child = await first_event(crashed)
+        error = await outcome(crashed)
+        assert isinstance(error, WorkerCrashed) and error.exitcode == 0
+        assert not alive(child)  # the crash is reported only once the tree is gone
+        leftover = await pool.submit(_jobs.leave_background_child)
+    assert not alive(leftover)

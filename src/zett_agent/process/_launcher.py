@@ -37,6 +37,7 @@ import traceback
 from typing import Any
 
 from . import _linux, _tree
+from ._protocol import CLEAN_EXIT
 
 __all__ = ["main"]
 
@@ -214,8 +215,9 @@ class _Launcher:
             "cpu": usage.ru_utime + usage.ru_stime,
             "maxrss": usage.ru_maxrss * 1024,
         }
+        was_killed = pid in self.killing
         pending = self.killing.pop(pid, set())
-        if code != 0 or pending:
+        if code != CLEAN_EXIT or was_killed:
             # a worker that did not finish cleanly may have left descendants; they were
             # reparented to us before we were told of its death
             pending |= _tree.freeze_and_kill(self._orphans())

@@ -654,7 +654,8 @@ class ProcessPool:
             worker.state = _WorkerState.RETIRING
         else:
             worker.state = _WorkerState.IDLE
-            self._idle.append(worker)
+            # a used worker goes first: its jobs left it warm, and spares stay untouched
+            self._idle.appendleft(worker)
         self._dispatch()
 
     def _protocol_error(self, worker: _Worker, reason: str) -> None:

@@ -22,6 +22,11 @@ MAX_FRAME_LIMIT = 2**32 - 1
 #: flag bit in a job frame: the worker exits after this job
 FLAG_LAST = 1
 
+#: exit code of a worker that ended on its own after killing and reaping everything its jobs
+#: left behind; any other exit makes the launcher sweep for orphans. Never shown to users: a
+#: worker only exits this way after its last result was sent.
+CLEAN_EXIT = 90
+
 KINDS = frozenset({"event", "result", "error"})
 
 
