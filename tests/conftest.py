@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -24,6 +25,13 @@ def _describe_fds(fds: set[int]) -> list[str]:
     return out
 
 
+def _describe_process(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())[:80]}"
+    except psutil.Error:
+        return f"{proc.pid} (gone)"
+
+
 def _descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
 
@@ -39,17 +47,14 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     leftover = _descendants()
     # Processes left behind are killed so one failure does not cascade into the next tests.
+    described = [_describe_process(p) for p in leftover]
     for proc in leftover:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     for proc in leftover:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(proc.pid, 0)
-        except ChildProcessError:
-            pass
-    assert not leftover, f"test left processes behind: {[(p.pid, p.status()) for p in leftover if p.is_running()] or [p.pid for p in leftover]}"
+    assert not leftover, f"test left processes behind: {described}"
     threads_after = [t for t in threading.enumerate() if t.ident not in threads_before]
     assert not [t for t in threads_after if t.is_alive()], f"test left threads: {threads_after}"
     leaked = _open_fds() - fds_before

@@ -685,6 +685,10 @@ class Agent:
                 result = await self._tool_chain(context, tool, 0)(call)
             except ToolArgumentError as exc:
                 error, result = exc, ToolResult.error(str(exc))
+            except MemoryError:
+                # Out of memory is the process's state, not the tool's answer: the request
+                # fails, so a child agent under a memory limit reports the limit it hit.
+                raise
             except Exception as exc:
                 error = exc
                 result = ToolResult.error(f"{tool.name} failed: {type(exc).__name__}: {exc}")

@@ -411,3 +411,23 @@ async def test_close_cancels_background_requests_and_is_idempotent() -> None:
         await agent.run("more")
     with pytest.raises(AgentClosedError):
         agent.steer("more")
+
+
+async def test_memory_error_in_a_tool_fails_the_request_instead_of_becoming_a_tool_result() -> None:
+    from zett_agent.agent import Agent
+    from zett_agent.messages import AssistantMessage, ToolCall
+    from zett_agent.testing import ScriptedModel
+    from zett_agent.tools import AgentTool
+
+    def allocate() -> str:
+        raise MemoryError("cannot allocate")
+
+    model = ScriptedModel(
+        [AssistantMessage(tool_calls=(ToolCall("1", "allocate", {}),)), "unreachable"]
+    )
+    agent = Agent(
+        model, tools=[AgentTool("allocate", "", {"type": "object", "properties": {}}, allocate)]
+    )
+    with pytest.raises(MemoryError):
+        await agent.run("go")
+    await agent.close()

@@ -1,0 +1,1 @@
+"""``zett-agent demo``: background child agents in their own processes, live."""

@@ -1,0 +1,84 @@
+"""The children's tools: real CPU work on real files, a spin that never yields, a crash.
+
+Imported in child processes; keep it light.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+from zett_agent.tools import AgentTool
+
+SKIP_DIRS = {".git", ".venv", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache"}
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+def list_files(root: str) -> list[Path]:
+    """Every regular file under ``root`` (sorted, hidden tool folders skipped)."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            path = Path(folder, name)
+            if path.is_file() and not path.is_symlink():
+                found.append(path)
+    return found
+
+
+def hash_files(root: str, shard: int, shards: int, rounds: int) -> dict[str, object]:
+    """Hash every ``shards``-th file under ``root`` ``rounds`` times over (pure CPU work)."""
+    if shards < 1 or not 0 <= shard < shards:
+        raise ValueError(f"shard must be in 0..{shards - 1}, got {shard}")
+    files = list_files(root)[shard::shards]
+    digest = hashlib.sha256()
+    size = 0
+    for path in files:
+        try:
+            data = path.read_bytes()[:MAX_FILE_BYTES]
+        except OSError:
+            continue
+        size += len(data)
+        block = hashlib.sha256(data).digest()
+        for _ in range(rounds):
+            block = hashlib.sha256(block + data[:4096]).digest()
+        digest.update(block)
+    return {"files": len(files), "bytes": size, "rounds": rounds, "digest": digest.hexdigest()[:16]}
+
+
+def spin_forever() -> str:
+    """Burn CPU in pure Python without ever yielding (only a kill stops it)."""
+    n = 0
+    while True:
+        n += 1
+
+
+def crash() -> str:
+    """Die from a real segmentation fault."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return "unreachable"
+
+
+HASH_TOOL = AgentTool(
+    "hash_files",
+    "Hash one shard of the files under a folder, many rounds over (CPU-heavy).",
+    {
+        "type": "object",
+        "properties": {
+            "root": {"type": "string"},
+            "shard": {"type": "integer", "minimum": 0},
+            "shards": {"type": "integer", "minimum": 1},
+            "rounds": {"type": "integer", "minimum": 1},
+        },
+        "required": ["root", "shard", "shards", "rounds"],
+        "additionalProperties": False,
+    },
+    hash_files,
+    guidelines="Pass the root, shard, shards and rounds from your task exactly.",
+)
+SPIN_TOOL = AgentTool(
+    "spin_forever", "Work forever.", {"type": "object", "properties": {}}, spin_forever
+)
+CRASH_TOOL = AgentTool("crash", "Crash the process.", {"type": "object", "properties": {}}, crash)

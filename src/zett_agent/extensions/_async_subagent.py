@@ -1,0 +1,495 @@
+"""``AsyncSubAgentExtension``: background child agents, each in its own OS process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from zett_agent._messages import AgentMessage
+from zett_agent.extensions._definition import SubAgentDefinition
+from zett_agent.extensions._runner import failure_reason, report_content
+from zett_agent.extensions._subagent import ChildAgentExtension, start_schema
+from zett_agent.extensions._tasks import (
+    SessionTasks,
+    SubAgentTask,
+    SubAgentTaskInfo,
+    SubAgentTaskStatus,
+)
+from zett_agent.process import JobCancelled, PoolClosed
+from zett_agent.tools import AgentTool
+
+if TYPE_CHECKING:
+    from zett_agent._model import ModelRequest
+    from zett_agent.agent import AgentRunContext
+    from zett_agent.process import ProcessLimits, ProcessPool
+
+log = logging.getLogger(__name__)
+
+#: Longest ``wait_seconds`` a model may ask ``task_output`` for.
+MAX_WAIT_SECONDS = 600.0
+
+
+def _task_id_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "task_id": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 100,
+                "description": "the task_id task_start returned",
+            }
+        },
+        "required": ["task_id"],
+        "additionalProperties": False,
+    }
+
+
+class AsyncSubAgentExtension(ChildAgentExtension):
+    """Run subagents in the background and let the model manage them with tools.
+
+    Registers ``task_start``, ``task_list``, ``task_status``, ``task_output`` and
+    ``task_cancel``. Every child is an ordinary agent with its own session, running in its own
+    OS process of a ``zett_agent.process.ProcessPool``: a child that spins, leaks memory or
+    crashes cannot stall or crash the parent, and cancelling a task kills its whole process tree
+    before the task reads ``cancelled``.
+
+    Tasks live in memory for the lifetime of this object and are visible only to the session
+    that started them. A finished task is announced once, as an ``AgentMessage``, before the
+    next model call of a running request or when the session's next request starts; a task
+    whose result the model already read (``task_output`` or ``task_cancel`` after it finished)
+    is not announced. Call ``close()`` (or use ``async with``) when the application shuts down.
+
+    Args:
+        subagents: Profiles the parent may choose; default the built-in ``reasoning`` and
+            ``explore`` profiles on the parent's model.
+        max_concurrent: Running tasks allowed per session at once.
+        max_retained: Finished tasks kept per session; the oldest finished are forgotten first.
+        notify_parent: Announce finished tasks to the parent.
+        pool: A ``ProcessPool`` to share (left open by ``close()``); default: one created on
+            first use and closed by ``close()``.
+        limits: Default ``ProcessLimits`` for definitions that set none.
+        kill_grace: Seconds between SIGTERM and SIGKILL when cancelling (default: SIGKILL now).
+        max_workers: Processes of the pool this extension creates (default: the CPU count,
+            at least 2); tasks beyond it wait as ``pending``.
+    """
+
+    def __init__(
+        self,
+        subagents: Sequence[SubAgentDefinition] | None = None,
+        *,
+        max_concurrent: int = 4,
+        max_retained: int = 100,
+        notify_parent: bool = True,
+        pool: ProcessPool | None = None,
+        limits: ProcessLimits | None = None,
+        kill_grace: float = 0.0,
+        max_workers: int | None = None,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        if max_retained < 0:
+            raise ValueError(f"max_retained must be >= 0, got {max_retained}")
+        super().__init__(
+            subagents, pool=pool, limits=limits, kill_grace=kill_grace, max_workers=max_workers
+        )
+        self.max_concurrent = max_concurrent
+        self.max_retained = max_retained
+        self.notify_parent = notify_parent
+        self._sessions: dict[str, SessionTasks] = {}
+        self._counter = 0
+        self._closing = False
+
+    # ----------------------------------------------------------------- hooks
+
+    async def on_tool(self, context: AgentRunContext) -> None:
+        """Register the task tools for this request."""
+        for tool in self.build_tools(context, self.subagents):
+            context.register_tool(tool)
+
+    async def on_state(self, context: AgentRunContext) -> None:
+        """Announce tasks that finished while no request was active."""
+        self._announce(context)
+
+    async def before_model(self, context: AgentRunContext, request: ModelRequest) -> None:
+        """Announce tasks that finished since the previous model call of this request."""
+        self._announce(context)
+
+    # -------------------------------------------------------------- registry
+
+    def tasks(self, session_id: str) -> tuple[SubAgentTask, ...]:
+        """Return the tasks one session started, oldest first."""
+        session = self._sessions.get(session_id)
+        return tuple(session.tasks.values()) if session else ()
+
+    def get_task(self, session_id: str, task_id: str) -> SubAgentTask:
+        """Return one task of a session.
+
+        Raises:
+            ValueError: If the session has no such task. The message lists the known ids (and
+                says so when the task was forgotten because of ``max_retained``).
+        """
+        session = self._sessions.get(session_id)
+        if session is not None:
+            task = session.tasks.get(task_id)
+            if task is not None:
+                return task
+            if task_id in session.evicted:
+                raise ValueError(
+                    f"task {task_id!r} finished and was evicted (only the last "
+                    f"{self.max_retained} finished tasks are kept); start it again if needed"
+                )
+        known = ", ".join(self._known_ids(session_id)) or "none"
+        raise ValueError(f"unknown task_id {task_id!r}; this session's tasks are: {known}")
+
+    def _known_ids(self, session_id: str) -> list[str]:
+        session = self._sessions.get(session_id)
+        return list(session.tasks) if session else []
+
+    def _session(self, session_id: str) -> SessionTasks:
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = SessionTasks(self.max_retained)
+        return session
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(
+        self,
+        context: AgentRunContext,
+        definition: SubAgentDefinition,
+        *,
+        description: str,
+        prompt: str,
+    ) -> SubAgentTask:
+        """Start one background task in its own process and return it while it runs.
+
+        Raises:
+            ValueError: If the session already runs ``max_concurrent`` tasks (the message lists
+                them) or the prompt is empty.
+            TypeError: If the definition cannot be shipped to a child process (unpicklable).
+            RuntimeError: If the extension is closed.
+        """
+        if self._closing:
+            raise RuntimeError("AsyncSubAgentExtension is closed; no new tasks can start")
+        if not prompt.strip():
+            raise ValueError("prompt is empty; give the task the full instructions to work on")
+        session = self._session(context.session_id)
+        running = session.running()
+        if len(running) >= self.max_concurrent:
+            listing = ", ".join(
+                f"{t.task_id} ({t.subagent_type}, {t.status.value})" for t in running
+            )
+            raise ValueError(
+                f"this session already runs {len(running)} tasks (max_concurrent="
+                f"{self.max_concurrent}): {listing}. Wait for one with task_output or stop one "
+                "with task_cancel, then start again."
+            )
+        self._counter += 1
+        task_id = f"task-{self._counter}"
+        task = SubAgentTask(
+            task_id=task_id,
+            parent_session_id=context.session_id,
+            session_id=f"{context.session_id}/{task_id}",
+            subagent_type=definition.name,
+            description=description,
+            prompt=prompt,
+        )
+        spec = self._child_spec(context, definition, session_id=task.session_id, prompt=prompt)
+        task.job = await self._runner.submit(spec)
+        session.add(task)
+        task.watcher = asyncio.get_running_loop().create_task(
+            self._watch(task), name=f"zett-agent-{task_id}"
+        )
+        await self._observe(self.task_started, task)
+        return task
+
+    async def _watch(self, task: SubAgentTask) -> None:
+        """Fold the child's progress into the task, then settle it from the job's outcome."""
+        job = task.job
+        assert job is not None
+        try:
+            async for event in job.events():
+                if task.status is SubAgentTaskStatus.PENDING:
+                    task.transition(SubAgentTaskStatus.RUNNING)
+                task.pid = job.pid
+                task.fold_progress(event)
+            await job.wait()
+        finally:
+            # Whatever happened above (even this watcher being cancelled), the task settles.
+            self._settle(task)
+        await self._observe(self.task_finished, task)
+
+    def _settle(self, task: SubAgentTask) -> None:
+        if task.done():
+            return
+        job = task.job
+        error: BaseException | None
+        if job is None or not job.done():
+            error = RuntimeError("the task's supervisor stopped before the child finished")
+        else:
+            error = job.exception()
+            self._record_usage(task)
+        if error is None:
+            assert job is not None
+            task.output = report_content(job.result())
+            task.transition(SubAgentTaskStatus.COMPLETED)
+        elif isinstance(error, (JobCancelled, PoolClosed)):
+            task.error = failure_reason(error)
+            task.transition(SubAgentTaskStatus.CANCELLED)
+        else:
+            task.error = failure_reason(error)
+            task.transition(SubAgentTaskStatus.FAILED)
+        session = self._session(task.parent_session_id)
+        if self.notify_parent:
+            session.unannounced[task.task_id] = task
+        session.evict()
+
+    def _record_usage(self, task: SubAgentTask) -> None:
+        if task.job is None:
+            return
+        try:
+            usage = task.job.usage()
+        except Exception:  # usage is a nicety; never let it break settling
+            log.debug("could not read usage of %s", task.task_id, exc_info=True)
+            return
+        task.cpu_seconds = usage.cpu_seconds
+        task.peak_memory_bytes = max(task.peak_memory_bytes, usage.peak_rss_bytes)
+
+    async def _observe(
+        self, hook: Callable[[SubAgentTask], Awaitable[None]], task: SubAgentTask
+    ) -> None:
+        try:
+            await hook(task)
+        except Exception:
+            log.exception("%s(%s) raised; ignored", getattr(hook, "__name__", hook), task.task_id)
+
+    async def wait(self, task: SubAgentTask, timeout: float | None = None) -> SubAgentTask:  # noqa: ASYNC109 (the seed's signature)
+        """Wait until a task finishes or ``timeout`` seconds pass, then return it.
+
+        Cancelling the caller does not cancel the task.
+        """
+        if not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(task.settled.wait(), timeout)
+        return task
+
+    async def cancel(self, task: SubAgentTask) -> SubAgentTask:
+        """Cancel a running task and wait for it to settle; a finished task is unchanged.
+
+        Returns once the child's whole process tree is gone. If the caller is cancelled
+        meanwhile, the kill still completes in the background.
+        """
+        if task.done():
+            return task
+        if task.job is not None:
+            await asyncio.shield(task.job.cancel(grace=self._runner.kill_grace))
+        await task.settled.wait()
+        return task
+
+    async def close(self) -> None:
+        """Cancel every running task of every session and wait for them to settle.
+
+        Also closes the process pool this extension created (a shared pool stays open).
+        Idempotent.
+        """
+        self._closing = True
+        running = [t for s in self._sessions.values() for t in s.running()]
+        if running:
+            await asyncio.gather(*(self.cancel(t) for t in running))
+        watchers = [t.watcher for s in self._sessions.values() for t in s.tasks.values()]
+        await asyncio.gather(*(w for w in watchers if w is not None), return_exceptions=True)
+        await self._runner.close()
+
+    async def __aenter__(self) -> AsyncSubAgentExtension:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- model
+
+    def build_tools(
+        self, context: AgentRunContext, subagents: Sequence[SubAgentDefinition]
+    ) -> tuple[AgentTool, ...]:
+        """Return the tools to register for one request.
+
+        Override to drop a tool, add one, or replace one, calling ``super().build_tools(...)``
+        for the rest.
+        """
+        session_id = context.session_id
+        profiles = "; ".join(f"{d.name}: {d.description}" for d in subagents)
+        by_name = {d.name: d for d in subagents}
+
+        async def task_start(subagent_type: str, description: str, prompt: str) -> str:
+            definition = by_name.get(subagent_type)
+            if definition is None:
+                known = ", ".join(repr(n) for n in by_name)
+                raise ValueError(f"unknown subagent_type {subagent_type!r}; choose one of: {known}")
+            task = await self.start(context, definition, description=description, prompt=prompt)
+            info = self.task_info(task)
+            info.setdefault(
+                "hint",
+                "running in the background; keep working, then read it with task_output",
+            )
+            return _json(info)
+
+        async def task_list() -> str:
+            tasks = self.tasks(session_id)
+            return _json({"tasks": [self.task_info(t) for t in tasks]})
+
+        async def task_status(task_id: str) -> str:
+            return _json(self.task_info(self.get_task(session_id, task_id)))
+
+        async def task_output(task_id: str, wait_seconds: float = 0) -> str:
+            if not 0 <= wait_seconds <= MAX_WAIT_SECONDS:
+                raise ValueError(
+                    f"wait_seconds must be between 0 and {MAX_WAIT_SECONDS:g}, got {wait_seconds}"
+                )
+            task = await self.wait(self.get_task(session_id, task_id), wait_seconds)
+            info = self.task_info(task, include_output=True)
+            if task.done():
+                self._mark_read(task)
+            else:
+                info.setdefault(
+                    "hint",
+                    "still running; do other work, or call task_output again with wait_seconds",
+                )
+            return _json(info)
+
+        async def task_cancel(task_id: str) -> str:
+            task = await self.cancel(self.get_task(session_id, task_id))
+            self._mark_read(task)
+            return _json(self.task_info(task, include_output=True))
+
+        output_schema = _task_id_schema()
+        output_schema["properties"]["wait_seconds"] = {
+            "type": "number",
+            "minimum": 0,
+            "maximum": MAX_WAIT_SECONDS,
+            "description": "seconds to wait for the report if the task still runs (default 0)",
+        }
+        return (
+            AgentTool(
+                "task_start",
+                "Start a background task from a subagent profile; returns its task_id at once. "
+                f"Profiles: {profiles}",
+                start_schema(),
+                task_start,
+                guidelines=(
+                    "Use `task_start` for independent work that can run while you continue; the "
+                    "child does not see this conversation, so give it a complete prompt. You "
+                    "will be told when it finishes."
+                ),
+            ),
+            AgentTool(
+                "task_list",
+                "Show every task of this session with its status and progress.",
+                {"type": "object", "properties": {}, "additionalProperties": False},
+                task_list,
+            ),
+            AgentTool(
+                "task_status",
+                "Show one task's status and progress without its report; never waits.",
+                _task_id_schema(),
+                task_status,
+            ),
+            AgentTool(
+                "task_output",
+                "Return a task's report (or its error), waiting up to wait_seconds for it.",
+                output_schema,
+                task_output,
+                guidelines=(
+                    "Use `task_output` with wait_seconds only when you have nothing else to do; "
+                    "a task that is still running comes back with status 'running'."
+                ),
+            ),
+            AgentTool(
+                "task_cancel",
+                "Stop a running task; its process is killed. Returns the task once stopped.",
+                _task_id_schema(),
+                task_cancel,
+            ),
+        )
+
+    def task_info(self, task: SubAgentTask, *, include_output: bool = False) -> SubAgentTaskInfo:
+        """Describe one task for the model.
+
+        Override to add detail. ``include_output`` is true only for the tools that return a
+        report, so listings stay short.
+        """
+        if not task.done() and task.job is not None:
+            task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
+            self._record_usage(task)
+        info = SubAgentTaskInfo(
+            task_id=task.task_id,
+            subagent_type=task.subagent_type,
+            description=task.description,
+            status=task.status.value,
+            elapsed_seconds=round(task.elapsed, 3),
+            pid=task.pid,
+            turns=task.turns,
+            tool_calls=task.tool_calls,
+            last_tool=task.last_tool,
+            input_tokens=task.input_tokens,
+            output_tokens=task.output_tokens,
+            cpu_seconds=round(task.cpu_seconds, 3),
+            peak_memory_bytes=task.peak_memory_bytes,
+        )
+        if task.error is not None and task.status is not SubAgentTaskStatus.COMPLETED:
+            info["error"] = task.error
+        if include_output and task.output is not None:
+            info["content"] = task.output
+        return info
+
+    def completion_notice(self, task: SubAgentTask) -> str | None:
+        """Return the message that tells the parent a task finished; ``None`` stays silent."""
+        detail = (
+            f": {task.error}"
+            if task.error and task.status is not SubAgentTaskStatus.COMPLETED
+            else ""
+        )
+        return (
+            f"Background task {task.task_id} ({task.subagent_type}: {task.description}) "
+            f"{task.status.value}{detail}. Read its report with task_output."
+        )
+
+    async def task_started(self, task: SubAgentTask) -> None:
+        """Observe a task that just started; the default does nothing."""
+
+    async def task_finished(self, task: SubAgentTask) -> None:
+        """Observe a task that reached a terminal status; the default does nothing.
+
+        Its errors are logged, never raised into the task. Publish an ``InternalMessageEvent``
+        here to wake an idle parent instead of waiting for its next request.
+        """
+
+    # ---------------------------------------------------------------- notices
+
+    def _mark_read(self, task: SubAgentTask) -> None:
+        session = self._sessions.get(task.parent_session_id)
+        if session is not None:
+            session.unannounced.pop(task.task_id, None)
+
+    def _announce(self, context: AgentRunContext) -> None:
+        session = self._sessions.get(context.session_id)
+        if session is None or not session.unannounced:
+            return
+        ready = list(session.unannounced.values())
+        session.unannounced.clear()
+        for task in ready:
+            try:
+                text = self.completion_notice(task)
+            except Exception:
+                log.exception("completion_notice(%s) raised; notice skipped", task.task_id)
+                continue
+            if text is not None:
+                context.add_message(AgentMessage(text, source=self.name))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)

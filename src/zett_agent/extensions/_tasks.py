@@ -1,0 +1,162 @@
+"""Background task records and the per-session registry that keeps them."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from zett_agent.process import ProcessJob
+
+
+class SubAgentTaskStatus(enum.Enum):
+    """Lifecycle of a background task: PENDING -> RUNNING -> one terminal status."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {SubAgentTaskStatus.COMPLETED, SubAgentTaskStatus.FAILED, SubAgentTaskStatus.CANCELLED}
+)
+_ALLOWED = {
+    SubAgentTaskStatus.PENDING: {SubAgentTaskStatus.RUNNING, *_TERMINAL},
+    SubAgentTaskStatus.RUNNING: set(_TERMINAL),
+}
+
+
+class SubAgentTaskInfo(TypedDict, total=False):
+    """What the task tools return to the model (as JSON). Override ``task_info`` to add keys."""
+
+    task_id: str
+    subagent_type: str
+    description: str
+    status: str
+    elapsed_seconds: float
+    pid: int | None
+    turns: int
+    tool_calls: int
+    last_tool: str | None
+    input_tokens: int
+    output_tokens: int
+    cpu_seconds: float
+    peak_memory_bytes: int
+    error: str
+    content: str
+    hint: str
+
+
+@dataclass(eq=False)
+class SubAgentTask:
+    """One background child agent, as the parent's registry sees it.
+
+    ``session_id`` is the child's own session; ``parent_session_id`` is the session that started
+    it (and the only one that can see it). Progress fields update while the child runs.
+    """
+
+    task_id: str
+    parent_session_id: str
+    session_id: str
+    subagent_type: str
+    description: str
+    prompt: str
+    status: SubAgentTaskStatus = SubAgentTaskStatus.PENDING
+    created_at: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    finished_monotonic: float | None = None
+    output: str | None = None
+    error: str | None = None
+    pid: int | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    last_tool: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cpu_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    job: ProcessJob | None = field(default=None, repr=False)
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the task started, frozen once it finished."""
+        end = self.finished_monotonic if self.finished_monotonic is not None else time.monotonic()
+        return end - self.started_monotonic
+
+    def done(self) -> bool:
+        return self.status.terminal
+
+    def transition(self, new: SubAgentTaskStatus) -> None:
+        """Move to ``new``; raises ``RuntimeError`` for an illegal transition."""
+        if new is self.status:
+            return
+        if new not in _ALLOWED.get(self.status, set()):
+            raise RuntimeError(f"task {self.task_id}: illegal transition {self.status} -> {new}")
+        self.status = new
+        if new.terminal:
+            self.finished_monotonic = time.monotonic()
+            self.pid = None
+            self.settled.set()
+
+    def fold_progress(self, event: Any) -> None:
+        """Apply one progress event the child emitted (unknown kinds are ignored)."""
+        if not isinstance(event, dict):
+            return
+        kind = event.get("kind")
+        if kind == "turn_started":
+            self.turns = max(self.turns, _int(event.get("turn")))
+        elif kind == "turn_finished":
+            names = event.get("tool_calls")
+            if isinstance(names, list) and names:
+                self.tool_calls += len(names)
+                self.last_tool = str(names[-1])[:100]
+            self.input_tokens += _int(event.get("input_tokens"))
+            self.output_tokens += _int(event.get("output_tokens"))
+
+    def __repr__(self) -> str:
+        return (
+            f"<SubAgentTask {self.task_id} {self.subagent_type} {self.status.value} "
+            f"turns={self.turns} pid={self.pid}>"
+        )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+class SessionTasks:
+    """The tasks one parent session started, oldest first, plus the ids it forgot."""
+
+    def __init__(self, max_retained: int) -> None:
+        self.tasks: OrderedDict[str, SubAgentTask] = OrderedDict()
+        self.evicted: OrderedDict[str, None] = OrderedDict()
+        self.unannounced: OrderedDict[str, SubAgentTask] = OrderedDict()
+        self._max_retained = max_retained
+
+    def running(self) -> list[SubAgentTask]:
+        return [t for t in self.tasks.values() if not t.done()]
+
+    def add(self, task: SubAgentTask) -> None:
+        self.tasks[task.task_id] = task
+
+    def evict(self) -> None:
+        """Forget the oldest finished tasks beyond ``max_retained``."""
+        finished = [t for t in self.tasks.values() if t.done()]
+        for task in finished[: max(0, len(finished) - self._max_retained)]:
+            del self.tasks[task.task_id]
+            self.unannounced.pop(task.task_id, None)
+            self.evicted[task.task_id] = None
+        while len(self.evicted) > 10 * max(self._max_retained, 100):
+            self.evicted.popitem(last=False)

@@ -1,0 +1,8 @@
+"""Background child agents, each in its own OS process, managed by the model with five tools."""
+
+from __future__ import annotations
+
+from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
+from zett_agent.extensions._tasks import SubAgentTask, SubAgentTaskInfo, SubAgentTaskStatus
+
+__all__ = ["AsyncSubAgentExtension", "SubAgentTask", "SubAgentTaskInfo", "SubAgentTaskStatus"]
