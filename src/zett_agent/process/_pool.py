@@ -80,6 +80,9 @@ class _Worker:
         self.kill_sent = False
         self.term_timer: asyncio.TimerHandle | None = None
         self.timeout_timer: asyncio.TimerHandle | None = None
+        #: the launcher's death report; frames still buffered are delivered before burial
+        self.exit_report: dict[str, Any] | None = None
+        self.sock_closed = False
 
     def __repr__(self) -> str:
         return f"<worker {self.pid} {self.state.name}>"
@@ -251,9 +254,8 @@ class ProcessPool:
                 JobStatus.CANCELLED,
                 exception=PoolClosed("the pool was closed before the job started"),
             )
-        for job in self._busy:
-            if job._kill_reason is None:
-                job._kill_reason = PoolClosed("the pool was closed while the job ran")
+        for job in list(self._busy):
+            self._kill_job(job, PoolClosed("the pool was closed while the job ran"), 0.0)
         if not gone.done():
             self._send({"op": "shutdown"})
             try:
@@ -413,7 +415,12 @@ class ProcessPool:
             self._kill_worker(worker, self.kill_grace if grace is None else grace)
 
     def _kill_worker(self, worker: _Worker, grace: float) -> None:
-        if worker.kill_sent or worker.state is _WorkerState.DEAD:
+        if worker.state is _WorkerState.DEAD:
+            return
+        if worker.exit_report is not None:
+            self._bury(worker)  # already dead; only its buffered frames were pending
+            return
+        if worker.kill_sent:
             return
         if grace > 0 and not worker.term_sent:
             assert self._loop is not None
@@ -541,7 +548,7 @@ class ProcessPool:
     # -- worker sockets ---------------------------------------------------------------------
 
     def _start_reading(self, worker: _Worker) -> None:
-        if not worker.reading and worker.state is not _WorkerState.DEAD:
+        if not worker.reading and not worker.sock_closed:
             assert self._loop is not None
             self._loop.add_reader(worker.fd, self._on_readable, worker)
             worker.reading = True
@@ -575,7 +582,9 @@ class ProcessPool:
             try:
                 frame = worker.decoder.next_frame()
                 if frame is None:
-                    if not worker.eof:
+                    if worker.exit_report is not None:
+                        self._bury(worker)
+                    elif not worker.eof:
                         self._start_reading(worker)
                     return
                 self._handle_frame(worker, frame)
@@ -650,7 +659,7 @@ class ProcessPool:
         self._clear_timers(worker)
         job._finish(status, result=result, exception=error, cpu=cpu, peak_rss=peak)
         worker.jobs_done += 1
-        if worker.last_sent or self._closed:
+        if worker.last_sent or self._closed or worker.exit_report is not None:
             worker.state = _WorkerState.RETIRING
         else:
             worker.state = _WorkerState.IDLE
@@ -677,52 +686,53 @@ class ProcessPool:
                 timer.cancel()
         worker.timeout_timer = worker.term_timer = None
 
-    def _drain(self, worker: _Worker) -> None:
-        """Read and handle everything a dead worker left in its socket, ignoring the bounds."""
-        if not worker.eof:
-            while True:
-                try:
-                    data = worker.sock.recv(1 << 20)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    break
-                if not data:
-                    break
-                worker.decoder.feed(data)
-        while worker.job is not None and not worker.kill_sent:
-            try:
-                frame = worker.decoder.next_frame()
-                if frame is None:
-                    return
-                self._handle_frame(worker, frame)
-            except FrameError as exc:
-                job = worker.job
-                if job is not None and job._kill_reason is None:
-                    job._kill_reason = ProtocolError(str(exc))
-                return
-
     def _on_worker_exit(self, message: dict[str, Any]) -> None:
+        """The launcher reports a worker (and every process it had to kill) dead and reaped."""
         worker = self._workers.pop(int(message["pid"]), None)
         if worker is None:
             return
         assert self._loop is not None
-        self._drain(worker)
+        worker.exit_report = message
+        # take what is still in the kernel's buffer (bounded by it), then let go of the socket
+        while not worker.eof:
+            try:
+                data = worker.sock.recv(_RECV_SIZE)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:
+                break
+            worker.decoder.feed(data)
+        worker.eof = True
         self._stop_reading(worker)
         if worker.outbox is not None:
             self._loop.remove_writer(worker.fd)
             worker.outbox = None
-        self._clear_timers(worker)
         worker.sock.close()
+        worker.sock_closed = True
         if worker in self._idle:
             self._idle.remove(worker)
+        job = worker.job
+        if job is None or job.done() or job._kill_reason is not None:
+            self._bury(worker)
+        else:
+            # a result or events may still be buffered: deliver them at the consumer's pace
+            # (backpressure still holds), then bury
+            self._pump(worker)
+
+    def _bury(self, worker: _Worker) -> None:
+        if worker.state is _WorkerState.DEAD:
+            return
         worker.state = _WorkerState.DEAD
+        self._clear_timers(worker)
         job = worker.job
         worker.job = None
         if job is not None:
             self._busy.pop(job, None)
             if not job.done():
-                self._settle_dead(job, message)
+                assert worker.exit_report is not None
+                self._settle_dead(job, worker.exit_report)
         self._dispatch()
 
     def _settle_dead(self, job: ProcessJob, message: dict[str, Any]) -> None:
