@@ -16,6 +16,13 @@ PUBLIC_MODULES = [
     "zett_agent.client",
     "zett_agent.extensions",
     "zett_agent.testing",
+    "zett_agent.extensions.subagent",
+    "zett_agent.extensions.async_subagent",
+    "zett_agent.extensions.tool_guidelines",
+    "zett_agent.process",
+    "zett_agent.models",
+    "zett_agent.models.openai",
+    "zett_agent.cli",
 ]
 
 
@@ -24,7 +31,7 @@ def public_names(module: types.ModuleType) -> set[str]:
         name
         for name, value in vars(module).items()
         if not name.startswith("_")
-        and name != "annotations"  # from __future__ import annotations
+        and name not in ("annotations", "TYPE_CHECKING")  # __future__ and typing plumbing
         and not isinstance(value, types.ModuleType)  # submodules and imported modules
     }
 

@@ -6,7 +6,10 @@ endpoint. Adapters are imported on demand, so importing this package stays cheap
 
 from __future__ import annotations
 
-from zett_agent._model import Model
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zett_agent._model import Model
 
 __all__ = ["model_from_spec"]
 

@@ -1,0 +1,333 @@
+"""A model for any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, llama.cpp, Ollama...).
+
+```python
+from zett_agent.models.openai import OpenAIChatModel
+
+model = OpenAIChatModel("gpt-4o-mini")                                  # key from $OPENAI_API_KEY
+local = OpenAIChatModel("qwen2.5", base_url="http://127.0.0.1:8000/v1")  # no key needed
+```
+
+Retries are the runtime's job: the agent retries a failed model call per ``model.retry`` when the
+error is a ``TransientModelError`` (rate limit, server error, dropped connection, timeout). This
+adapter makes exactly one HTTP request per ``stream()`` call and never sleeps or retries itself.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from zett_agent._model import (
+    ModelError,
+    ModelEvent,
+    ModelRequest,
+    ModelResponse,
+    RetryOptions,
+    TransientModelError,
+)
+from zett_agent.models._openai_wire import (
+    ResponseAccumulator,
+    SSEDecoder,
+    build_body,
+    decode_event,
+    error_detail,
+    shorten,
+)
+
+__all__ = ["OpenAIChatModel"]  # re-exported by zett_agent.models.openai
+
+# Statuses worth another attempt, as the official OpenAI clients treat them.
+_TRANSIENT_STATUSES = frozenset({408, 429})
+
+_USER_AGENT = "zett-agent (OpenAI-compatible chat model)"
+
+
+class OpenAIChatModel:
+    """A ``Model`` that streams from ``POST {base_url}/chat/completions``.
+
+    Args:
+        model: the model name the endpoint knows (``"gpt-4o-mini"``, ``"qwen2.5:7b"``...).
+        base_url: the API root, up to and including ``/v1``.
+        api_key: the key to send; when ``None`` it is read from ``$api_key_env`` at every request
+            (so a child process uses its own environment). No ``Authorization`` header is sent when
+            neither is set: local servers need none, and a server that does answers 401.
+        api_key_env: the environment variable holding the key.
+        retry: how the runtime retries this model's transient errors (see the module docstring).
+        timeout: seconds allowed to connect, to send the request, and between two received pieces
+            of the response (not for the whole response: a long answer may stream for minutes).
+        temperature, max_tokens: sent when not ``None``.
+        extra_body: extra JSON fields merged into every request body last (provider-specific
+            options such as ``{"top_p": 0.9}`` or ``{"max_completion_tokens": 512}``).
+
+    The object holds configuration only, so it pickles with ``pickle`` and ``cloudpickle`` and can
+    be shipped to child processes; every ``stream()`` call opens (and closes) its own connection in
+    whatever event loop it runs in.
+
+    Raises ``ValueError`` for an unusable argument (empty model name, a base URL that is not
+    http(s), a non-positive timeout, an ``extra_body`` that is not JSON-serialisable).
+    """
+
+    retry: RetryOptions
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        retry: RetryOptions = RetryOptions(),  # noqa: B008 (frozen, so sharing the default is safe)
+        timeout: float = 60.0,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not model or not isinstance(model, str):
+            raise ValueError(f"model must be a non-empty model name, got {model!r}")
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"base_url must start with http:// or https://, got {base_url!r} "
+                "(for example 'http://127.0.0.1:8000/v1')"
+            )
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        body = dict(extra_body or {})
+        try:
+            json.dumps(body)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"extra_body must be JSON-serialisable: {exc}") from exc
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.api_key_env = api_key_env
+        self.retry = retry
+        self.timeout = float(timeout)
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.extra_body: dict[str, Any] = body
+        self._api_key = api_key
+        # Built on first use (loading the CA bundle costs milliseconds), never pickled.
+        self._ssl_context: ssl.SSLContext | None = None
+
+    @property
+    def url(self) -> str:
+        """Where requests go: ``{base_url}/chat/completions``."""
+        return f"{self.base_url}/chat/completions"
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key is not None else f"${self.api_key_env}"
+        return f"OpenAIChatModel({self.model!r}, base_url={self.base_url!r}, api_key={key})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_ssl_context"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    async def aclose(self) -> None:
+        """Release what the model holds. Idempotent.
+
+        Every ``stream()`` owns its connection and closes it when it ends, so nothing outlives a
+        stream today; this exists so callers can treat the model as a closeable resource.
+        """
+        self._ssl_context = None
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Stream one completion: text deltas as they arrive, then one completed event.
+
+        Raises:
+            TransientModelError: HTTP 408, 429 or 5xx (``status`` set; a ``Retry-After`` hint is
+                quoted in the message), a connection that failed or dropped, a timeout
+                (``status`` ``None``), or a stream that ended before the response was complete.
+                The runtime retries these per ``self.retry``.
+            ModelError: (``retryable=False``) any other HTTP error, with the server's own message
+                (401: check the API key; 404: check the model name and base URL), a malformed
+                stream, or a tool call whose arguments are not a JSON object (the message names
+                the tool and quotes the text).
+
+        Cancellation: cancelling the consuming task, or closing the iterator early (``aclose()``,
+        ``contextlib.aclosing``, ``break`` inside ``async with aclosing(...)``), closes the HTTP
+        response and the connection before the cancellation propagates; the server sees the
+        client go away. An iterator that is dropped without being closed is closed by the event
+        loop's async-generator finaliser, later.
+        """
+        body = build_body(
+            self.model,
+            request,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            extra_body=self.extra_body,
+        )
+        headers = {
+            "Accept": "text/event-stream",
+            "Content-Type": "application/json",
+            "User-Agent": _USER_AGENT,
+        }
+        key = self._resolve_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        content = json.dumps(body, ensure_ascii=False).encode()
+        try:
+            async with (
+                httpx.AsyncClient(
+                    timeout=httpx.Timeout(self.timeout),
+                    verify=self._ssl(),
+                    follow_redirects=False,
+                    trust_env=True,
+                ) as client,
+                client.stream("POST", self.url, content=content, headers=headers) as response,
+            ):
+                if response.status_code != 200:
+                    await response.aread()
+                    raise self._status_error(response, sent_key=bool(key))
+                accumulator = ResponseAccumulator()
+                if _is_json(response):
+                    # The server ignored stream=true and answered with one complete body.
+                    await response.aread()
+                    text = accumulator.add_chunk(_parse_json_body(response.content))
+                    if text:
+                        yield ModelEvent.text_delta(text)
+                else:
+                    async for text in _stream_text(response, accumulator):
+                        yield ModelEvent.text_delta(text)
+                final: ModelResponse = accumulator.response()
+        except httpx.TimeoutException as exc:
+            raise TransientModelError(
+                f"the model endpoint {self.url} did not answer within {self.timeout:g} s "
+                f"({type(exc).__name__}); raise timeout= if the server is just slow"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise TransientModelError(
+                f"could not talk to the model endpoint {self.url}: "
+                f"{type(exc).__name__}: {exc or 'connection failed'}"
+            ) from exc
+        except httpx.DecodingError as exc:
+            raise ModelError(
+                f"the model endpoint {self.url} sent a response that could not be decoded: {exc}"
+            ) from exc
+        yield ModelEvent.completed(final)
+
+    def _resolve_key(self) -> str | None:
+        if self._api_key is not None:
+            return self._api_key
+        return os.environ.get(self.api_key_env) or None
+
+    def _ssl(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            self._ssl_context = httpx.create_ssl_context()
+        return self._ssl_context
+
+    def _status_error(self, response: httpx.Response, *, sent_key: bool) -> ModelError:
+        status = response.status_code
+        detail = error_detail(response.content)
+        where = f"the model endpoint {self.url} (model {self.model!r})"
+        if status in _TRANSIENT_STATUSES or status >= 500:
+            what = "rate-limited the request" if status == 429 else "failed"
+            hint = _retry_after_hint(response.headers.get("retry-after"))
+            return TransientModelError(
+                f"{where} {what} (HTTP {status}): {detail}{hint}", status=status
+            )
+        if status == 401:
+            fix = (
+                f"check the API key in ${self.api_key_env} (or pass api_key=)"
+                if sent_key
+                else f"no API key was sent: set ${self.api_key_env} (or pass api_key=)"
+            )
+            message = f"{where} rejected the API key (HTTP 401): {detail}. {fix}"
+        elif status == 403:
+            message = (
+                f"{where} refused access (HTTP 403): {detail}. Check that the API key in "
+                f"${self.api_key_env} may use model {self.model!r}"
+            )
+        elif status == 404:
+            message = (
+                f"{where} was not found (HTTP 404): {detail}. Check the model name "
+                f"{self.model!r} and the base URL {self.base_url!r} (it should end in /v1 for "
+                "most servers)"
+            )
+        elif 300 <= status < 400:
+            location = response.headers.get("location", "?")
+            message = (
+                f"{where} redirected (HTTP {status}) to {location}; set base_url to the final "
+                "address"
+            )
+        else:
+            message = f"{where} rejected the request (HTTP {status}): {detail}"
+        return ModelError(message, retryable=False, status=status)
+
+
+async def _stream_text(
+    response: httpx.Response, accumulator: ResponseAccumulator
+) -> AsyncIterator[str]:
+    """The text deltas of an SSE response, feeding every chunk to ``accumulator``."""
+    decoder = SSEDecoder()
+    done = False
+    async for line in response.aiter_lines():
+        data = decoder.feed(line)
+        if data is None:
+            continue
+        for chunk in decode_event(data) or [None]:
+            if chunk is None:
+                done = True
+                break
+            text = accumulator.add_chunk(chunk)
+            if text:
+                yield text
+        if done:
+            return
+    data = decoder.flush()
+    if data is not None:
+        for chunk in decode_event(data) or [None]:
+            if chunk is None:
+                return
+            text = accumulator.add_chunk(chunk)
+            if text:
+                yield text
+    if accumulator.finish_reason is None:
+        # Neither [DONE] nor a finish_reason: the connection closed mid-answer.
+        raise TransientModelError(
+            "the model endpoint closed the stream before the response was complete "
+            "(no [DONE] and no finish_reason)"
+        )
+
+
+def _is_json(response: httpx.Response) -> bool:
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.split(";")[0].strip().lower() == "application/json"
+
+
+def _parse_json_body(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError as exc:
+        raise ModelError(
+            "the model endpoint answered with a JSON content type but the body is not JSON: "
+            f"{shorten(content.decode('utf-8', errors='replace'))!r}"
+        ) from exc
+
+
+def _retry_after_hint(value: str | None) -> str:
+    """`` (the server asks to retry after N s)`` from a Retry-After header, or ``""``."""
+    if not value:
+        return ""
+    seconds: float | None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return ""
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return ""
+    return f" (the server asks to retry after {max(0.0, seconds):g} s)"
