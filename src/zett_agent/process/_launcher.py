@@ -215,12 +215,15 @@ class _Launcher:
             "cpu": usage.ru_utime + usage.ru_stime,
             "maxrss": usage.ru_maxrss * 1024,
         }
-        was_killed = pid in self.killing
-        pending = self.killing.pop(pid, set())
-        if code != CLEAN_EXIT or was_killed:
+        if pid in self.killing:
+            # its whole tree was frozen and killed at once: waiting for those pids is enough
+            pending = self.killing.pop(pid)
+        elif code != CLEAN_EXIT:
             # a worker that did not finish cleanly may have left descendants; they were
             # reparented to us before we were told of its death
-            pending |= _tree.freeze_and_kill(self._orphans())
+            pending = _tree.freeze_and_kill(self._orphans())
+        else:
+            pending = set()
         self.deferred.append((message, pending))
 
     def _shutdown(self) -> None:

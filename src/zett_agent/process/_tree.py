@@ -86,19 +86,46 @@ def signal_tree(roots: Iterable[int], signum: int) -> set[int]:
     return {pid for pid in tree if _send(pid, signum)}
 
 
+def _state(pid: int) -> str | None:
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 1024)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data[data.rfind(b")") + 2 :][:1].decode("ascii", "replace")
+
+
+def _await_stopped(pids: Iterable[int], deadline: float) -> None:
+    for pid in pids:
+        while (state := _state(pid)) is not None and state not in _FROZEN_STATES:
+            if time.monotonic() > deadline:
+                return
+            # the target must get a CPU to act on SIGSTOP, and it may be queued behind us:
+            # sleep (sched_yield does not reliably hand the CPU over)
+            time.sleep(0.0001)
+
+
 def freeze_and_kill(roots: Iterable[int]) -> set[int]:
     """Stop ``roots`` and all their descendants until the tree is stable, then SIGKILL it all.
 
     Returns every pid that was signalled; each one is dead or dying when this returns, and will
-    be reaped by its subreaper. Blocks for a few milliseconds at most (two to three scans
-    normally; a tree that never settles is killed after ``_FREEZE_DEADLINE`` as far as found).
+    be reaped by its subreaper. Blocks for about one ``/proc`` scan per level of the tree that
+    is still forking (a single scan for a tree that is just its roots); a tree that never
+    settles is killed after ``_FREEZE_DEADLINE`` as far as it was found.
     """
-    stopped: set[int] = set()
     root_set = set(roots)
-    for pid in root_set:
-        if _send(pid, signal.SIGSTOP):
-            stopped.add(pid)
+    if not root_set:
+        return set()
+    stopped = {pid for pid in root_set if _send(pid, signal.SIGSTOP)}
     deadline = time.monotonic() + _FREEZE_DEADLINE
+    # wait until the roots are really stopped: from then on they cannot fork, so a scan that
+    # finds no new process proves the tree complete
+    _await_stopped(stopped, deadline)
     while True:
         procs = scan()
         tree = descendants(procs, root_set)
@@ -110,6 +137,7 @@ def freeze_and_kill(roots: Iterable[int]) -> set[int]:
             break
         if time.monotonic() > deadline:
             break
+        _await_stopped(new, deadline)  # as for the roots: stopped before the next scan
     for pid in stopped:
         _send(pid, signal.SIGKILL)
     return stopped
