@@ -174,3 +174,17 @@ def exit0_leaving_child() -> None:
     child = subprocess.Popen(["sleep", "600"])
     emit(child.pid)
     os._exit(0)
+
+
+def text(n: int) -> str:
+    return ("é✓x" * n)[:n]
+
+
+def bad_text_result() -> None:
+    """Announce a raw text result and send bytes that are not UTF-8."""
+    from zett_agent.process._worker import _channel
+
+    assert _channel is not None
+    _channel._send_frame(b'{"k":"result","text":3,"u":{"cpu":0.0,"maxrss":0}}')
+    _channel._send_frame(b"\xff\xfe\xfd")
+    time.sleep(600)

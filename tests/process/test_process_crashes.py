@@ -84,6 +84,7 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "invalid JSON": (_jobs.write_garbage, (_frame(b"{nope"),), _check_protocol("not valid JSON")),
     "invalid UTF-8": (_jobs.write_garbage, (_frame(b'"\xff"'),), _check_protocol("UTF-8")),
     "unknown kind": (_jobs.write_garbage, (_frame(b'{"k":"hello"}'),), _check_protocol("kind")),
+    "text not UTF-8": (_jobs.bad_text_result, (), _check_protocol("UTF-8")),
     "oversized frame": (
         _jobs.write_garbage,
         (HEADER.pack(1 << 30) + b"x" * 100,),

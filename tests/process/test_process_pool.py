@@ -200,3 +200,12 @@ async def test_bad_preload_fails_start_with_a_clear_error() -> None:
     with pytest.raises(ProcessError, match="no_such_module_for_zett"):
         await pool.start()
     await pool.close()
+
+
+async def test_large_text_and_json_results_round_trip() -> None:
+    async with ProcessPool(2) as pool:
+        text = pool.submit(_jobs.text, 3_000_000)
+        nested = pool.submit(lambda: {"items": list(range(100_000)), "t": "x" * 100_000})
+        async with asyncio.timeout(GUARD):
+            assert await text == _jobs.text(3_000_000)
+            assert await nested == {"items": list(range(100_000)), "t": "x" * 100_000}

@@ -82,6 +82,8 @@ class _Worker:
         self.timeout_timer: asyncio.TimerHandle | None = None
         #: the launcher's death report; frames still buffered are delivered before burial
         self.exit_report: dict[str, Any] | None = None
+        #: (bytes, cpu, peak rss) of an announced raw text result still to come
+        self.text_result: tuple[int, float, int] | None = None
         self.sock_closed = False
 
     def __repr__(self) -> str:
@@ -561,16 +563,15 @@ class ProcessPool:
 
     def _on_readable(self, worker: _Worker) -> None:
         try:
-            data = worker.sock.recv(_RECV_SIZE)
+            received = worker.decoder.recv_from(worker.sock, _RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
+            received = 0
+        if not received:
             worker.eof = True
             self._stop_reading(worker)
             return
-        worker.decoder.feed(data)
         self._pump(worker)
 
     def _pump(self, worker: _Worker) -> None:
@@ -606,7 +607,19 @@ class ProcessPool:
             worker.paused = False
             self._pump(worker)
 
-    def _handle_frame(self, worker: _Worker, frame: bytes) -> None:
+    def _handle_frame(self, worker: _Worker, frame: bytes | bytearray) -> None:
+        pending = worker.text_result
+        if pending is not None:
+            # the raw UTF-8 frame that a {"k": "result", "text": N} frame announced
+            worker.text_result = None
+            if len(frame) != pending[0]:
+                raise FrameError(f"a text result of {len(frame)} bytes, {pending[0]} announced")
+            try:
+                text = frame.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FrameError(f"a text result is not valid UTF-8 ({exc})") from None
+            self._job_ended(worker, JobStatus.COMPLETED, text, None, pending[1], pending[2])
+            return
         message = decode_message(frame)
         job = worker.job
         if job is None:
@@ -625,6 +638,12 @@ class ProcessPool:
         if not isinstance(cpu, int | float) or not isinstance(peak, int):
             raise FrameError(f"a {kind} frame with malformed usage numbers")
         if kind == "result":
+            size = message.get("text")
+            if size is not None:
+                if not isinstance(size, int) or size < 0:
+                    raise FrameError("a text result frame with a malformed size")
+                worker.text_result = (size, float(cpu), peak)
+                return
             if "v" not in message:
                 raise FrameError("a result frame without a value")
             self._job_ended(worker, JobStatus.COMPLETED, message["v"], None, float(cpu), peak)
@@ -696,14 +715,13 @@ class ProcessPool:
         # take what is still in the kernel's buffer (bounded by it), then let go of the socket
         while not worker.eof:
             try:
-                data = worker.sock.recv(_RECV_SIZE)
+                received = worker.decoder.recv_from(worker.sock, _RECV_SIZE)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                data = b""
-            if not data:
+                received = 0
+            if not received:
                 break
-            worker.decoder.feed(data)
         worker.eof = True
         self._stop_reading(worker)
         if worker.outbox is not None:

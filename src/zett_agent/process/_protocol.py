@@ -2,8 +2,10 @@
 
 A frame is a 4-byte big-endian length followed by that many payload bytes. Parent to worker, the
 payload is one flag byte plus a cloudpickle'd job. Worker to parent, the payload is UTF-8 JSON: an
-object whose ``"k"`` is ``"event"``, ``"result"`` or ``"error"``. The parent only ever
-``json.loads`` what a worker wrote; anything else is a protocol violation.
+object whose ``"k"`` is ``"event"``, ``"result"`` or ``"error"``; a result frame with a
+``"text"`` byte count is followed by one frame of raw UTF-8 text (the result string). The
+parent only ever ``json.loads`` or UTF-8-decodes what a worker wrote; anything else is a
+protocol violation.
 
 This module is imported by the worker, so it imports nothing heavy.
 """
@@ -11,6 +13,7 @@ This module is imported by the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import json
+import socket
 import struct
 from typing import Any
 
@@ -39,35 +42,66 @@ def encode_frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+#: a ``str`` result at least this long travels as a ``{"k": "result", "text": N}`` frame
+#: followed by one frame of N bytes of raw UTF-8 (JSON escaping and parsing are slow)
+RAW_TEXT_MIN = 1 << 16
+
+#: frames at least this big are received straight into their own buffer (no extra copies)
+LARGE_FRAME = 1 << 20
+
+
 class FrameDecoder:
     """Incremental decoder of length-prefixed frames with a size cap.
 
-    ``feed`` appends bytes; ``next_frame`` returns the next complete payload or ``None``. A
-    header announcing more than ``max_frame_bytes`` raises ``FrameError`` immediately, before the
-    body is buffered, so a hostile writer cannot make the reader allocate more than the cap.
+    ``recv_from`` (or ``feed``) takes bytes in; ``next_frame`` returns the next complete
+    payload or ``None``. A header announcing more than ``max_frame_bytes`` raises
+    ``FrameError`` before the body is buffered, so a hostile writer cannot make the reader
+    allocate more than the cap. A large frame is received directly into a buffer of its exact
+    size, which is then returned as is.
     """
 
     def __init__(self, max_frame_bytes: int) -> None:
         self._max = max_frame_bytes
         self._buf = bytearray()
         self._need: int | None = None
+        self._body: bytearray | None = None
+        self._filled = 0
 
     def feed(self, data: bytes) -> None:
+        if self._body is not None:
+            take = min(len(data), len(self._body) - self._filled)
+            self._body[self._filled : self._filled + take] = data[:take]
+            self._filled += take
+            data = data[take:]
         self._buf += data
+
+    def recv_from(self, sock: socket.socket, size: int) -> int:
+        """Receive once from ``sock``; return the byte count (0 at end of stream).
+
+        Raises what ``sock.recv`` raises (``BlockingIOError`` when nothing is ready).
+        """
+        body = self._body
+        if body is not None:
+            with memoryview(body) as view:
+                n = sock.recv_into(view[self._filled :])
+            self._filled += n
+            return n
+        data = sock.recv(size)
+        self._buf += data
+        return len(data)
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buf)
+        return len(self._buf) + self._filled
 
-    @property
-    def wanted(self) -> int:
-        """How many more bytes would complete the frame being read (at least 1)."""
-        if self._need is None:
-            return max(1, HEADER.size - len(self._buf))
-        return max(1, HEADER.size + self._need - len(self._buf))
-
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | bytearray | None:
+        body = self._body
+        if body is not None:
+            if self._filled < len(body):
+                return None
+            self._body, self._filled, self._need = None, 0, None
+            return body
         buf = self._buf
         if self._need is None:
             if len(buf) < HEADER.size:
@@ -81,14 +115,22 @@ class FrameDecoder:
             self._need = need
         end = HEADER.size + self._need
         if len(buf) < end:
+            if self._need >= LARGE_FRAME:
+                # everything buffered belongs to this frame: move it into the frame's own buffer
+                body = bytearray(self._need)
+                self._filled = len(buf) - HEADER.size
+                body[: self._filled] = buf[HEADER.size :]
+                self._body = body
+                buf.clear()
             return None
-        frame = bytes(buf[HEADER.size : end])
+        with memoryview(buf) as view:
+            frame = bytes(view[HEADER.size : end])
         del buf[:end]
         self._need = None
         return frame
 
 
-def decode_message(frame: bytes) -> dict[str, Any]:
+def decode_message(frame: bytes | bytearray) -> dict[str, Any]:
     """Parse one worker frame; raise ``FrameError`` if it is not a known JSON message."""
     try:
         message = json.loads(frame.decode("utf-8"))

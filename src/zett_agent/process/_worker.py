@@ -18,7 +18,7 @@ import threading
 from typing import Any, NoReturn
 
 from . import _linux, _tree
-from ._protocol import CLEAN_EXIT, FLAG_LAST, HEADER
+from ._protocol import CLEAN_EXIT, FLAG_LAST, HEADER, RAW_TEXT_MIN
 
 __all__ = ["emit", "serve"]
 
@@ -42,10 +42,41 @@ class _Channel:
                 "ProcessPool(max_frame_bytes=...)"
             )
         with self.lock:
-            self.sock.sendall(HEADER.pack(len(payload)) + payload)
+            self._send_frame(payload)
+
+    def send_text_result(self, text: bytes, usage: dict[str, float]) -> None:
+        """A result that is one large string: a JSON frame announcing it, then its UTF-8."""
+        if len(text) > self.max_frame_bytes:
+            raise ValueError(
+                f"a result of {len(text)} bytes does not fit the pool's max_frame_bytes="
+                f"{self.max_frame_bytes}; return less data or raise "
+                "ProcessPool(max_frame_bytes=...)"
+            )
+        announce = json.dumps({"k": "result", "text": len(text), "u": usage}).encode()
+        with self.lock:
+            self._send_frame(announce)
+            self._send_frame(text)
+
+    def _send_frame(self, payload: bytes) -> None:
+        header = HEADER.pack(len(payload))
+        if len(payload) < 65536:
+            self.sock.sendall(header + payload)
+        else:  # no copy of a large payload just to prepend four bytes
+            self.sock.sendall(header)
+            self.sock.sendall(payload)
 
 
 _channel: _Channel | None = None
+
+
+def _raw_text(result: Any) -> bytes | None:
+    """A large ``str`` result as UTF-8, to skip JSON escaping and parsing (both slow)."""
+    if type(result) is not str or len(result) < RAW_TEXT_MIN:
+        return None
+    try:
+        return result.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: JSON can still carry them as escapes
+        return None
 
 
 def emit(obj: Any) -> None:
@@ -217,8 +248,11 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
         try:
             result = _run(body[1:])
             try:
-                message = {"k": "result", "v": result, "u": _usage()}
-                _channel.send(message)
+                text = _raw_text(result)
+                if text is not None:
+                    _channel.send_text_result(text, _usage())
+                else:
+                    _channel.send({"k": "result", "v": result, "u": _usage()})
             except (TypeError, ValueError) as exc:
                 if isinstance(exc, ValueError) and "max_frame_bytes" in str(exc):
                     raise
