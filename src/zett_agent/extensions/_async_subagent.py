@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from zett_agent._messages import AgentMessage
 from zett_agent.extensions._definition import SubAgentDefinition
 from zett_agent.extensions._runner import failure_reason, report_content
-from zett_agent.extensions._subagent import ChildAgentExtension, start_schema
+from zett_agent.extensions._subagent import ChildAgentExtension, short_repr, start_schema
 from zett_agent.extensions._tasks import (
     SessionTasks,
     SubAgentTask,
@@ -329,7 +329,9 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             definition = by_name.get(subagent_type)
             if definition is None:
                 known = ", ".join(repr(n) for n in by_name)
-                raise ValueError(f"unknown subagent_type {subagent_type!r}; choose one of: {known}")
+                raise ValueError(
+                    f"unknown subagent_type {short_repr(subagent_type)}; choose one of: {known}"
+                )
             task = await self.start(context, definition, description=description, prompt=prompt)
             info = self.task_info(task)
             info.setdefault(

@@ -59,7 +59,9 @@ class ChildAgentExtension(Extension):
             if definition.name == subagent_type:
                 return definition
         known = ", ".join(repr(d.name) for d in self.subagents)
-        raise ValueError(f"unknown subagent_type {subagent_type!r}; choose one of: {known}")
+        raise ValueError(
+            f"unknown subagent_type {short_repr(subagent_type)}; choose one of: {known}"
+        )
 
     def _create_child(
         self, definition: SubAgentDefinition, *, model: Model, session_id: str
@@ -205,6 +207,16 @@ _START_SCHEMA: dict[str, Any] = {
     "required": ["subagent_type", "description", "prompt"],
     "additionalProperties": False,
 }
+
+
+def short_repr(value: object, limit: int = 100) -> str:
+    """``repr(value)`` cut to about ``limit`` characters.
+
+    Errors echo what the model sent so it can fix the call; an echo of a megabyte argument
+    would flood the model's context with its own mistake.
+    """
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def start_schema() -> dict[str, Any]:

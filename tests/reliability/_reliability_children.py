@@ -1,0 +1,254 @@
+"""Offline models, tools and engine jobs shipped to child processes by the reliability tests.
+
+They live in an importable module (not in the test files) so child processes load them cheaply;
+the pool's launcher inherits ``sys.path``, on which pytest put this directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
+from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
+from zett_agent.process import emit
+from zett_agent.process._protocol import HEADER
+from zett_agent.tools import AgentTool
+
+Step = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
+
+
+def call(name: str, arguments: Any = None, **kwargs: Any) -> ToolCall:
+    """One tool call; ``arguments`` may be anything (bad input), else the keyword arguments."""
+    args = kwargs if arguments is None else arguments
+    return ToolCall(f"call-{name}-{os.urandom(3).hex()}", name, args)
+
+
+def tool_results(request: ModelRequest) -> list[ToolMessage]:
+    return [m for m in request.messages if isinstance(m, ToolMessage)]
+
+
+class StepModel:
+    """Answers model call ``n`` of a session with ``steps[n]`` (counting assistant messages)."""
+
+    retry = RetryOptions(max_retries=0)
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.steps = list(steps)
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        self.requests.append(request)
+        index = sum(isinstance(m, AssistantMessage) for m in request.messages)
+        step = self.steps[min(index, len(self.steps) - 1)]
+        message = step(request) if callable(step) else step
+        yield ModelEvent.completed(ModelResponse(message, Usage(10, 5)))
+
+
+class ToolsThenAnswer:
+    """A child that calls ``tools`` in order (one per turn), then answers ``answer``."""
+
+    retry = RetryOptions(max_retries=0)
+
+    def __init__(self, answer: str = "done", tools: Sequence[tuple[str, dict[str, Any]]] = ()):
+        self.answer = answer
+        self.tools = list(tools)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        done = len(tool_results(request))
+        if done < len(self.tools):
+            name, args = self.tools[done]
+            message = AssistantMessage(tool_calls=(ToolCall(f"c{done}", name, args),))
+        else:
+            last = tool_results(request)[-1].text if done else ""
+            message = AssistantMessage(content=self.answer.format(last=last))
+        yield ModelEvent.completed(ModelResponse(message, Usage(7, 3)))
+
+
+class BlockingModel:
+    """A child whose model never answers (until its process is killed)."""
+
+    retry = RetryOptions(max_retries=0)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        await asyncio.Event().wait()
+        yield ModelEvent.completed(ModelResponse(AssistantMessage("unreachable")))
+
+
+# ------------------------------------------------------------------ hostile child-side code
+
+
+class MakeDirOnLoad:
+    """Unpickling this object calls ``os.mkdir(path)``: the marker proves code ran on load."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def malicious_pickle(marker: str) -> bytes:
+    return pickle.dumps(MakeDirOnLoad(marker))
+
+
+def channel_fd() -> int:
+    from zett_agent.process._worker import _channel_fd
+
+    return _channel_fd()
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+def write_pickle_frame(marker: str) -> None:
+    """Send a pickle (that would create ``marker`` when loaded) as if it were a result frame."""
+    os.write(channel_fd(), frame(malicious_pickle(marker)))
+    time.sleep(600)
+
+
+def return_pickle_bytes_as_text(marker: str) -> str:
+    """A well-formed result whose text *is* a pickle payload: plain data, never loaded."""
+    return malicious_pickle(marker).decode("latin-1")
+
+
+def lying_length(claimed: int, payload: bytes, then: str) -> None:
+    """Write a header that lies about the frame's size, then ``then``: sleep, or exit."""
+    os.write(channel_fd(), HEADER.pack(claimed) + payload)
+    if then == "exit":
+        os._exit(0)
+    time.sleep(600)
+
+
+def endless_events(size: int, counter_path: str) -> None:
+    """Emit events of ``size`` characters forever; record how many were sent in a file."""
+    fd = os.open(counter_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    blob = "x" * size
+    sent = 0
+    while True:
+        emit({"n": sent, "blob": blob})
+        sent += 1
+        os.pwrite(fd, f"{sent:>12}".encode(), 0)
+
+
+def huge_raw_report(announced: int, chunk: int) -> None:
+    """Announce a frame bigger than the cap and keep writing its body until killed."""
+    fd = channel_fd()
+    os.write(fd, HEADER.pack(announced))
+    data = b"A" * chunk
+    while True:
+        os.write(fd, data)
+
+
+def huge_result(nbytes: int) -> str:
+    return "R" * nbytes
+
+
+def close_channel_and_keep_running() -> None:
+    """Tell the parent our pid, close the result channel, then live on."""
+    emit(os.getpid())
+    os.close(channel_fd())
+    while True:
+        time.sleep(1)
+
+
+def fork_bomb(limit: int) -> None:
+    """Every process forks as fast as it can until ``limit`` forks happened; report all pids.
+
+    The budget is a pipe holding ``limit`` tokens: each fork costs one, so the tree (wide and
+    deep, like a real fork bomb) stops at exactly ``limit`` processes.
+    """
+    tokens_r, tokens_w = os.pipe()
+    os.write(tokens_w, b"t" * limit)
+    os.close(tokens_w)  # once the tokens are gone, read() returns b"": the bomb stops
+    report_r, report_w = os.pipe()
+    me = os.getpid()
+    while os.read(tokens_r, 1):
+        if os.fork() == 0:
+            os.write(report_w, f"{os.getpid()}\n".encode())
+    if os.getpid() != me:
+        while True:
+            signal.pause()
+    pids: list[int] = []
+    buffer = b""
+    while len(pids) < limit:
+        buffer += os.read(report_r, 4096)
+        *lines, buffer = buffer.split(b"\n")
+        pids += [int(line) for line in lines]
+    emit(pids)
+    while True:
+        time.sleep(1)
+
+
+def ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "print(flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    child.stdout.readline()  # the grandchild ignores SIGTERM too
+    emit([os.getpid(), child.pid])
+    while True:
+        time.sleep(1)
+
+
+def setsid_double_fork() -> None:
+    """Escape like a daemon: fork, setsid, fork again, let the middle exit; report pids."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(write_end, str(os.getpid()).encode())
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    escaped = int(os.read(read_end, 32))
+    emit([os.getpid(), escaped])
+    while True:
+        time.sleep(1)
+
+
+def wait_on_fifo(path: str) -> str:
+    """The sibling job: tell the parent it runs, then block until it writes to ``path``."""
+    emit("ready")
+    with open(path, "rb") as stream:
+        return stream.readline().decode().strip()
+
+
+def beacon(path: str, text: str) -> None:
+    """Send one datagram to the test's socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(text.encode(), path)
+
+
+# ------------------------------------------------------------------ hostile child-agent tools
+
+
+def _pickle_into_channel(marker: str) -> str:
+    write_pickle_frame(marker)
+    return "unreachable"
+
+
+PICKLE_TOOL = AgentTool(
+    "pickle_bomb",
+    "Write a pickle into the result channel.",
+    {"type": "object", "properties": {"marker": {"type": "string"}}},
+    _pickle_into_channel,
+)
