@@ -41,6 +41,7 @@ class DemoResult:
     cancel_seconds: float | None
     files: int
     parent_work: list[str] = field(default_factory=list)
+    loop_stalls: list[float] = field(default_factory=list)
 
     @property
     def children_cpu_seconds(self) -> float:
@@ -58,6 +59,8 @@ class DemoResult:
             if self.cancel_seconds is None
             else round(self.cancel_seconds, 4),
             "files": self.files,
+            "parent_work": self.parent_work,
+            "parent_loop_max_stall_ms": round(max(self.loop_stalls, default=0.0) * 1000, 2),
             "cpu_count": os.cpu_count(),
             "tasks": self.tasks,
         }
@@ -174,7 +177,17 @@ async def run_demo(
         ),
     )
     prompt = PARENT_PROMPT + json.dumps(starts, indent=1)
+    stalls: list[float] = []
+
+    async def ticker() -> None:
+        # How late the parent's loop wakes a 10 ms sleeper while children burn CPU.
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(0.01)
+            stalls.append(max(0.0, time.perf_counter() - before - 0.01))
+
     begin = time.perf_counter()
+    watch = asyncio.ensure_future(ticker())
     async with extension:
         client = await create_agent(
             parent_model,
@@ -196,6 +209,8 @@ async def run_demo(
             if on_progress is not None:
                 on_progress(extension)
         wall = time.perf_counter() - begin
+        watch.cancel()
+        await asyncio.wait([watch])
         tasks = [
             dict(extension.task_info(t, include_output=True)) for t in extension.tasks(SESSION)
         ]
@@ -206,6 +221,7 @@ async def run_demo(
         cancel_seconds=cancel_seconds[0] if cancel_seconds else None,
         files=len(files),
         parent_work=parent_work,
+        loop_stalls=stalls,
     )
 
 

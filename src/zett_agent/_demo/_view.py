@@ -70,6 +70,10 @@ def summary(data: dict[str, Any]) -> Group:
         "hard cancel: the spinner's process tree was killed and confirmed gone in "
         + (f"{cancel * 1000:.1f} ms" if cancel is not None else "(not cancelled)"),
     ]
+    lines.append(
+        f"the parent kept working meanwhile (survey: {'; '.join(data['parent_work']) or '-'}); "
+        f"its event loop never stalled more than {data['parent_loop_max_stall_ms']:.1f} ms"
+    )
     failed = [t for t in data["tasks"] if t["status"] == "failed"]
     for task in failed:
         lines.append(

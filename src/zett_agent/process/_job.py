@@ -11,6 +11,10 @@ from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# Imported here, not on first use: a first import inside usage() stalls the host's event loop
+# for tens of milliseconds (more when children keep the CPUs busy).
+import psutil
+
 from ._errors import JobCancelled
 from ._limits import ProcessLimits
 
@@ -265,8 +269,6 @@ class ProcessJob:
         cpu, rss = 0.0, 0
         pid = self.pid
         if pid is not None:
-            import psutil
-
             try:
                 root = psutil.Process(pid)
                 procs = [root, *root.children(recursive=True)]
