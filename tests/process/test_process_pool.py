@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 import zett_agent.process as process
@@ -209,3 +211,30 @@ async def test_large_text_and_json_results_round_trip() -> None:
         async with asyncio.timeout(GUARD):
             assert await text == _jobs.text(3_000_000)
             assert await nested == {"items": list(range(100_000)), "t": "x" * 100_000}
+
+
+async def test_launcher_death_fails_running_jobs_and_closes_the_pool() -> None:
+    from zett_agent.process import WorkerCrashed, _linux
+
+    # the worker dies with the launcher (parent-death signal); as a subreaper for the moment,
+    # this process receives it and can reap it instead of leaving a zombie on PID 1
+    _linux.set_child_subreaper(True)
+    try:
+        async with ProcessPool(1) as pool:
+            job = pool.submit(_jobs.ready_then_spin)
+            worker = await first_event(job)
+            assert pool._launcher is not None
+            os.kill(pool._launcher.pid, signal.SIGKILL)
+            error = await outcome(job)
+            assert isinstance(error, WorkerCrashed)
+            assert isinstance(error.__cause__, ProcessError)
+            assert "launcher" in str(error.__cause__)
+            with pytest.raises(PoolClosed, match="launcher"):
+                pool.submit(_jobs.add, 1, 2)
+        # the busy worker and the spare were reparented here when the launcher died
+        orphans = {child.pid for child in psutil.Process().children()}
+        assert worker in orphans
+        for pid in orphans:
+            os.waitpid(pid, 0)  # noqa: ASYNC222 - they are dead or dying (SIGKILL)
+    finally:
+        _linux.set_child_subreaper(False)

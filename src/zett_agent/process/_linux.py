@@ -25,9 +25,9 @@ def _call(option: int, value: int) -> None:
         raise OSError(errno, f"prctl({option}, {value}) failed")
 
 
-def set_child_subreaper() -> None:
+def set_child_subreaper(enabled: bool = True) -> None:
     """Make orphaned descendants of this process reparent to it instead of to PID 1."""
-    _call(_PR_SET_CHILD_SUBREAPER, 1)
+    _call(_PR_SET_CHILD_SUBREAPER, int(enabled))
 
 
 def set_parent_death_signal(signum: int) -> None:

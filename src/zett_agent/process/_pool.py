@@ -526,6 +526,14 @@ class ProcessPool:
             if received is None:
                 break
             self._handle_control(*received)
+        hello = self._hello
+        if hello is not None and not hello.done():
+            hello.set_exception(
+                ProcessError(
+                    f"the pool's launcher process exited during startup (exit status "
+                    f"{launcher.returncode}); see its output on stderr"
+                )
+            )
         if not self._closed:
             self._broken = (
                 f"the pool's launcher process died unexpectedly (exit status "

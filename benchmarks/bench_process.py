@@ -1,0 +1,534 @@
+"""Benchmark of ``zett_agent.process`` side by side with the peers, in one run.
+
+    uv run --group bench python benchmarks/bench_process.py [--quick]
+
+Prints one table per measurement with the ratio of every engine to ours (for times: peer / ours,
+so > 1 means we are faster; for rates: ours / peer). Peers: stdlib ``ProcessPoolExecutor``,
+pebble, loky, ``anyio.to_process``, trio-parallel. "n/a" means the peer has no such feature
+(for example no per-job cancel of running work).
+
+What is measured (all on 2 workers):
+
+- dispatch: sequential round trip of a no-op job once the pool is warm (p50, p99);
+- cancel -> dead: from the cancel call until the worker process is gone (pidfd readable);
+- cancel -> next: from the cancel call until a following no-op job returned;
+- throughput: no-op jobs per second with all of them submitted at once, next to this
+  machine's raw fork-and-exit rate (a bare interpreter forking and reaping in a loop);
+- parallel CPU: wall time of 2 CPU-bound jobs in parallel / the same run sequentially;
+- loop stall: p99 of one event-loop iteration while 200 jobs start, emit 20 events each, end;
+- large result: MB/s of a 32 MiB string result, next to a raw pipe moving the same bytes;
+- idle memory: unique memory (USS) of one idle worker process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+
+from zett_agent.process import ProcessPool, emit
+
+WORKERS = 2
+BIG = 32 * 1024 * 1024
+
+# -- job functions (module level, so every peer can pickle them) ------------------------------
+
+
+def noop(*_: Any) -> None:
+    return None
+
+
+def spin_report(path: str) -> None:
+    """Publish this process's pid in ``path``, then burn CPU forever."""
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as stream:
+        stream.write(str(os.getpid()))
+    os.rename(tmp, path)
+    while True:
+        pass
+
+
+def burn(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def big_result(n: int) -> str:
+    return "x" * n
+
+
+def streamer(n: int) -> int:
+    for i in range(n):
+        emit({"i": i})
+    return n
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def wait_pid_file(path: str, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # only to learn the pid of a peer's worker
+        try:
+            with open(path) as stream:
+                return int(stream.read())
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.0005)
+    raise TimeoutError(path)
+
+
+def wait_dead(pidfd: int, timeout: float = 30.0) -> float:
+    """Block until the process behind ``pidfd`` exited; return that moment."""
+    ready, _, _ = select.select([pidfd], [], [], timeout)
+    stamp = time.perf_counter()
+    os.close(pidfd)
+    if not ready:
+        raise TimeoutError("the cancelled worker is still alive")
+    return stamp
+
+
+@contextmanager
+def pid_path() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        yield os.path.join(tmp, "pid")
+
+
+def idle_uss(parent: int, exclude: set[int] = frozenset()) -> float:  # type: ignore[assignment]
+    """Smallest USS in MB among the descendants of ``parent`` (an idle worker)."""
+    values = []
+    for proc in psutil.Process(parent).children(recursive=True):
+        if proc.pid in exclude:
+            continue
+        try:
+            values.append(proc.memory_full_info().uss / 2**20)
+        except psutil.Error:
+            continue
+    return min(values) if values else float("nan")
+
+
+Result = dict[str, Any]
+
+
+# -- ours ------------------------------------------------------------------------------------
+
+
+async def _ours(reuse: bool, n: int, quick: bool) -> Result:
+    res: Result = {}
+    jobs_per_worker = 1_000_000 if reuse else 1
+    async with ProcessPool(WORKERS, max_jobs_per_worker=jobs_per_worker) as pool:
+        for _ in range(20):
+            await pool.submit(noop)
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await pool.submit(noop)
+            lat.append(time.perf_counter() - t)
+        res["dispatch"] = lat
+        if not reuse:
+            # the same, with 5 ms between jobs: the replacement spare is forked and idle, so
+            # this is the dispatch to a ready spare, without the fork of the next one competing
+            lat = []
+            for _ in range(n // 3):
+                await asyncio.sleep(0.005)
+                t = time.perf_counter()
+                await pool.submit(noop)
+                lat.append(time.perf_counter() - t)
+            res["dispatch_spare"] = lat
+        # cancel
+        dead, nxt = [], []
+        for _ in range(10 if quick else 30):
+            job = pool.submit(_spin_emit)
+            pid = None
+            async for pid in job.events():  # noqa: B007 - the first event is the pid
+                break
+            assert isinstance(pid, int)
+            pidfd = os.pidfd_open(pid)
+            t = time.perf_counter()
+            await job.cancel()
+            dead.append(time.perf_counter() - t)
+            await pool.submit(noop)
+            nxt.append(time.perf_counter() - t)
+            select.select([pidfd], [], [], 5)
+            os.close(pidfd)
+        res["cancel_dead"], res["cancel_next"] = dead, nxt
+        # throughput
+        count = 200 if quick else 1000
+        t = time.perf_counter()
+        await asyncio.gather(*(pool.submit(noop) for _ in range(count)))
+        res["throughput"] = count / (time.perf_counter() - t)
+        # idle memory
+        await asyncio.sleep(0.2)
+        assert pool._launcher is not None
+        res["uss"] = min(psutil.Process(w.pid).memory_full_info().uss / 2**20 for w in pool._idle)
+    return res
+
+
+def _spin_emit() -> None:
+    emit(os.getpid())
+    while True:
+        pass
+
+
+async def _ours_extra(quick: bool) -> Result:
+    res: Result = {}
+    async with ProcessPool(WORKERS) as pool:
+        await pool.submit(noop)
+        work = 2_000_000 if quick else 6_000_000
+        t = time.perf_counter()
+        await pool.submit(burn, work)
+        await pool.submit(burn, work)
+        seq = time.perf_counter() - t
+        t = time.perf_counter()
+        await asyncio.gather(pool.submit(burn, work), pool.submit(burn, work))
+        res["parallel"] = (time.perf_counter() - t) / seq
+        # loop stall while 200 jobs start, stream and finish
+        gaps: list[float] = []
+        running = True
+
+        async def heartbeat() -> None:
+            while running:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0)
+                gaps.append(time.perf_counter() - t0)
+
+        beat = asyncio.ensure_future(heartbeat())
+        jobs = []
+        for _ in range(200):
+            jobs.append(pool.submit(streamer, 20))
+            await asyncio.sleep(0)
+        await asyncio.gather(*jobs)
+        running = False
+        await beat
+        res["stall"] = gaps
+        # large result
+        rates = []
+        for _ in range(2 if quick else 4):
+            t = time.perf_counter()
+            value = await pool.submit(big_result, BIG)
+            rates.append(len(value) / (time.perf_counter() - t) / 2**20)
+        res["big"] = max(rates)
+    return res
+
+
+def raw_pipe_rate(quick: bool) -> float:
+    """MB/s of a forked, waiting child that builds BIG bytes and writes them into a pipe the
+    parent reads, timed from the parent's "go" to the end of the data (best of a few)."""
+    rates = []
+    for _ in range(2 if quick else 4):
+        go_r, go_w = os.pipe()
+        data_r, data_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(go_w)
+            os.close(data_r)
+            os.read(go_r, 1)
+            payload = b"x" * BIG
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(data_w, view) :]
+            os._exit(0)
+        os.close(go_r)
+        os.close(data_w)
+        t = time.perf_counter()
+        os.write(go_w, b"g")
+        got = 0
+        while chunk := os.read(data_r, 1 << 20):
+            got += len(chunk)
+        rates.append(got / (time.perf_counter() - t) / 2**20)
+        os.close(go_w)
+        os.close(data_r)
+        os.waitpid(pid, 0)
+    return max(rates)
+
+
+def fork_rate(quick: bool, imports: str = "") -> float:
+    """Fork-and-exit rate of a fresh interpreter (optionally after ``imports``)."""
+    n = 300 if quick else 1000
+    code = (
+        f"import os, time\n{imports}\n"
+        f"n = {n}\n"
+        "t = time.perf_counter()\n"
+        "for _ in range(n):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0: os._exit(0)\n"
+        "    os.waitpid(pid, 0)\n"
+        "print(n / (time.perf_counter() - t))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+# -- peers -----------------------------------------------------------------------------------
+
+
+def _sync_dispatch(submit: Callable[[], Any], n: int) -> list[float]:
+    for _ in range(20):
+        submit()
+    lat = []
+    for _ in range(n):
+        t = time.perf_counter()
+        submit()
+        lat.append(time.perf_counter() - t)
+    return lat
+
+
+def stdlib(n: int, quick: bool) -> Result:
+    res: Result = {}
+    with concurrent.futures.ProcessPoolExecutor(WORKERS) as pool:
+        res["dispatch"] = _sync_dispatch(lambda: pool.submit(noop).result(), n)
+        count = 200 if quick else 1000
+        t = time.perf_counter()
+        list(pool.map(noop, range(count)))
+        res["throughput"] = count / (time.perf_counter() - t)
+        res["uss"] = idle_uss(os.getpid())
+    return res
+
+
+def loky_(n: int, quick: bool) -> Result:
+    import loky
+
+    res: Result = {}
+    pool = loky.ProcessPoolExecutor(WORKERS)
+    try:
+        res["dispatch"] = _sync_dispatch(lambda: pool.submit(noop).result(), n)
+        count = 200 if quick else 1000
+        t = time.perf_counter()
+        list(pool.map(noop, range(count)))
+        res["throughput"] = count / (time.perf_counter() - t)
+        res["uss"] = idle_uss(os.getpid())
+    finally:
+        pool.shutdown(wait=True, kill_workers=True)
+    return res
+
+
+def pebble_(n: int, quick: bool) -> Result:
+    import pebble
+
+    res: Result = {}
+    pool = pebble.ProcessPool(max_workers=WORKERS)
+    try:
+        res["dispatch"] = _sync_dispatch(lambda: pool.schedule(noop).result(), n)
+        dead, nxt = [], []
+        for _ in range(5 if quick else 15):
+            with pid_path() as path:
+                future = pool.schedule(spin_report, args=(path,))
+                pid = wait_pid_file(path)
+                pidfd = os.pidfd_open(pid)
+                t = time.perf_counter()
+                future.cancel()
+                dead.append(wait_dead(pidfd) - t)
+                pool.schedule(noop).result()
+                nxt.append(time.perf_counter() - t)
+        res["cancel_dead"], res["cancel_next"] = dead, nxt
+        count = 200 if quick else 1000
+        t = time.perf_counter()
+        futures = [pool.schedule(noop) for _ in range(count)]
+        for future in futures:
+            future.result()
+        res["throughput"] = count / (time.perf_counter() - t)
+        res["uss"] = idle_uss(os.getpid())
+    finally:
+        pool.stop()
+        pool.join()
+    return res
+
+
+def anyio_(n: int, quick: bool) -> Result:
+    import anyio
+    import anyio.to_process as to_process
+
+    res: Result = {}
+
+    async def main() -> None:
+        res["dispatch"] = [0.0]
+        for _ in range(20):
+            await to_process.run_sync(noop)
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await to_process.run_sync(noop)
+            lat.append(time.perf_counter() - t)
+        res["dispatch"] = lat
+        res["uss"] = idle_uss(os.getpid())
+        dead, nxt = [], []
+        for _ in range(3 if quick else 8):
+            with pid_path() as path:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: to_process.run_sync(spin_report, path, cancellable=True))
+                    while not os.path.exists(path):  # noqa: ASYNC110, ASYNC240 - peer setup
+                        await anyio.sleep(0.0005)
+                    pidfd = os.pidfd_open(wait_pid_file(path))
+                    t = time.perf_counter()
+                    tg.cancel_scope.cancel()
+                dead.append(wait_dead(pidfd) - t)
+                await to_process.run_sync(noop)
+                nxt.append(time.perf_counter() - t)
+        res["cancel_dead"], res["cancel_next"] = dead, nxt
+        count = 200 if quick else 1000
+        limiter = anyio.CapacityLimiter(WORKERS)
+        t = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(lambda: to_process.run_sync(noop, limiter=limiter))
+        res["throughput"] = count / (time.perf_counter() - t)
+
+    anyio.run(main)
+    return res
+
+
+def trio_parallel_(n: int, quick: bool) -> Result:
+    import trio
+    import trio_parallel
+
+    res: Result = {}
+
+    async def main() -> None:
+        async with trio_parallel.open_worker_context() as ctx:
+            for _ in range(20):
+                await ctx.run_sync(noop)
+            lat = []
+            for _ in range(n):
+                t = time.perf_counter()
+                await ctx.run_sync(noop)
+                lat.append(time.perf_counter() - t)
+            res["dispatch"] = lat
+            res["uss"] = idle_uss(os.getpid())
+            dead, nxt = [], []
+            for _ in range(3 if quick else 8):
+                with pid_path() as path:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(
+                            lambda: ctx.run_sync(spin_report, path, kill_on_cancel=True)
+                        )
+                        while not os.path.exists(path):  # noqa: ASYNC110, ASYNC240
+                            await trio.sleep(0.0005)
+                        pidfd = os.pidfd_open(wait_pid_file(path))
+                        t = time.perf_counter()
+                        nursery.cancel_scope.cancel()
+                    dead.append(wait_dead(pidfd) - t)
+                    await ctx.run_sync(noop)
+                    nxt.append(time.perf_counter() - t)
+            res["cancel_dead"], res["cancel_next"] = dead, nxt
+            count = 200 if quick else 1000
+            limiter = trio.CapacityLimiter(WORKERS)
+            t = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    nursery.start_soon(lambda: ctx.run_sync(noop, limiter=limiter))
+            res["throughput"] = count / (time.perf_counter() - t)
+
+    trio.run(main)
+    return res
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def ms(value: float) -> str:
+    return f"{value * 1e3:8.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (~30 s)")
+    args = parser.parse_args()
+    quick = args.quick
+    n = 150 if quick else 1000
+
+    results: dict[str, Result] = {}
+    results["zett (fresh)"] = asyncio.run(_ours(False, n, quick))
+    results["zett (reused)"] = asyncio.run(_ours(True, n, quick))
+    try:
+        import uvloop
+
+        results["zett fresh/uvloop"] = uvloop.run(_ours(False, n, quick))
+    except ImportError:
+        pass
+    peers: dict[str, Callable[[int, bool], Result]] = {
+        "stdlib": stdlib,
+        "pebble": pebble_,
+        "loky": loky_,
+        "anyio": anyio_,
+        "trio-parallel": trio_parallel_,
+    }
+    for name, run in peers.items():
+        try:
+            results[name] = run(n, quick)
+        except Exception as exc:  # a broken peer must not hide the others
+            print(f"{name}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            results[name] = {}
+    extra = asyncio.run(_ours_extra(quick))
+    pipe = raw_pipe_rate(quick)
+    forks = fork_rate(quick)
+    warm_forks = fork_rate(quick, "import gc, zett_agent.process; gc.freeze()")
+    ours = results["zett (fresh)"]
+
+    def row(name: str, cells: list[str]) -> None:
+        print(f"  {name:<18}" + "".join(f"{cell:>14}" for cell in cells))
+
+    print(f"\nzett_agent.process benchmark ({'quick' if quick else 'full'}), {os.cpu_count()} CPUs")
+    print("\ndispatch of a no-op (ms)  [ratio = peer p50 / zett fresh p50]")
+    row("", ["p50", "p99", "ratio"])
+    for name, res in results.items():
+        lat = res.get("dispatch")
+        if lat:
+            ratio = statistics.median(lat) / statistics.median(ours["dispatch"])
+            row(name, [ms(pct(lat, 0.5)), ms(pct(lat, 0.99)), f"{ratio:.2f}"])
+        else:
+            row(name, ["n/a"] * 3)
+        spare = res.get("dispatch_spare")
+        if spare:
+            ratio = statistics.median(spare) / statistics.median(ours["dispatch"])
+            row("  to idle spare", [ms(pct(spare, 0.5)), ms(pct(spare, 0.99)), f"{ratio:.2f}"])
+    print("\ncancel a running CPU-bound job (ms)  [ratio = peer p50 / zett fresh p50]")
+    row("", ["->dead p50", "->dead p99", "->next p50", "->next p99", "ratio dead"])
+    for name, res in results.items():
+        dead, nxt = res.get("cancel_dead"), res.get("cancel_next")
+        if dead and nxt:
+            ratio = statistics.median(dead) / statistics.median(ours["cancel_dead"])
+            cells = [ms(pct(dead, 0.5)), ms(pct(dead, 0.99))]
+            row(name, [*cells, ms(pct(nxt, 0.5)), ms(pct(nxt, 0.99)), f"{ratio:.2f}"])
+        else:
+            row(name, ["n/a"] * 5)
+    print("\nthroughput of no-op jobs (jobs/s)  [ratio = zett fresh / peer]")
+    row("raw fork+exit", [f"{forks:.0f}", f"{ours['throughput'] / forks:.2f}", "bare python"])
+    row("", [f"{warm_forks:.0f}", f"{ours['throughput'] / warm_forks:.2f}", "launcher-like"])
+    for name, res in results.items():
+        rate = res.get("throughput")
+        if rate:
+            row(name, [f"{rate:.0f}", f"{ours['throughput'] / rate:.2f}"])
+    print("\nidle worker unique memory (MB)")
+    for name, res in results.items():
+        if "uss" in res:
+            row(name, [f"{res['uss']:.1f}"])
+    print("\nzett only")
+    row("parallel CPU", [f"{extra['parallel']:.2f}", "x sequential"])
+    stall = extra["stall"]
+    row("loop stall", [f"p50 {ms(pct(stall, 0.5))}", f"p99 {ms(pct(stall, 0.99))}", "ms"])
+    row(
+        "large result",
+        [f"{extra['big']:.0f} MB/s", f"pipe {pipe:.0f}", f"{extra['big'] / pipe:.2f}x"],
+    )
+
+
+if __name__ == "__main__":
+    main()
