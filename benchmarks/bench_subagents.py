@@ -1,0 +1,737 @@
+"""AsyncSubAgentExtension (one OS process per child) against an in-process baseline, in one run.
+
+    uv run python benchmarks/bench_subagents.py [--quick]
+
+The baseline (``_subagent_baseline.InProcessSubAgentExtension``) is the same extension with its
+child runner swapped: each child agent runs as ``asyncio.create_task(agent.run(prompt))`` in the
+parent's event loop and ``task_cancel`` is ``task.cancel()``. Both variants run the same parent
+program (an offline ``StepModel`` calling the five task tools) and the same child agents.
+
+What is measured:
+
+1. ``task_start`` -> child running: from the moment the parent's ``task_start`` tool call begins
+   until the child's first model call starts (the child writes its ``perf_counter`` stamp to a
+   FIFO; it is ``CLOCK_MONOTONIC``, one clock for all processes). p50/p99 over N sequential
+   start + ``task_output`` rounds on a warm extension; the first (cold) start is shown apart.
+2. ``task_cancel`` -> gone, for a child whose tool spins in pure Python and never yields. Ours:
+   from the call until the tool returns, which happens only after the process tree is gone
+   (checked with psutil right then). The baseline runs in a separate Python process under a
+   hang guard, because once its child spins the parent loop never runs again: neither the
+   model's ``task_cancel`` nor a thread-safe cancel scheduled from another thread ever runs.
+3. CPU-bound speedup: K children (K = CPU count, 2..4) each hashing for ~1 s (a fixed number of
+   SHA-256 rounds, calibrated here), started in one turn and awaited with ``task_output``; wall
+   time of the whole parent request, next to the same work run sequentially in this process.
+4. Parent event-loop stall during (3): a ticker task in the parent measures how late each
+   ``asyncio.sleep(0.005)`` wakes up; p50/p99/max.
+
+Ratios are baseline / ours for times, so > 1 means the process version is faster.
+
+The child agents are defined in this script's ``__main__``, as in the guide's program, so
+cloudpickle ships them by value and a fresh child process imports nothing for them. The
+in-process baseline lives in ``_subagent_baseline.py``; it is never shipped to a child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import psutil
+from _subagent_baseline import InProcessSubAgentExtension
+
+from zett_agent.agent import AgentRunConfig, AgentRunContext
+from zett_agent.client import create_agent
+from zett_agent.extensions import Extension, ToolCallNext
+from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
+from zett_agent.extensions.subagent import SubAgentDefinition
+from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
+from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
+from zett_agent.tools import AgentTool, ToolResult
+
+HANG_GUARD = 120.0  # seconds; a request of this benchmark that takes longer is a bug
+TICK = 0.005
+VARIANTS = ("process", "in-process")
+SCRIPT = os.path.abspath(__file__)
+
+# -- the child agents (both variants run these) -------------------------------------------
+
+
+def announce(fifo: str, kind: str, stamp: float | None = None) -> None:
+    """Write one ``kind pid stamp`` line to the benchmark's FIFO (never blocks)."""
+    stamp = time.perf_counter() if stamp is None else stamp
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, f"{kind} {os.getpid()} {stamp!r}\n".encode())
+    finally:
+        os.close(fd)
+
+
+class AnnouncingChild:
+    """Announces ``start`` at its first model call, calls ``tools`` in order, then answers."""
+
+    retry = RetryOptions(max_retries=0)
+
+    def __init__(self, fifo: str, tools: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
+        self.fifo = fifo
+        self.tools = list(tools)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        now = time.perf_counter()
+        if not any(isinstance(m, AssistantMessage) for m in request.messages):
+            announce(self.fifo, "start", now)
+        results = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if len(results) < len(self.tools):
+            name, args = self.tools[len(results)]
+            message = AssistantMessage(tool_calls=(ToolCall(f"c{len(results)}", name, args),))
+        else:
+            message = AssistantMessage(content=results[-1].text if results else "done")
+        yield ModelEvent.completed(ModelResponse(message, Usage(7, 3)))
+
+
+def burn(rounds: int) -> str:
+    """Pure-Python CPU work: ``rounds`` chained SHA-256 hashes. Never yields."""
+    digest = b""
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest).digest()
+    return digest.hex()[:8]
+
+
+def spin(fifo: str) -> str:
+    """Announce ``spin``, then loop forever in pure Python, never yielding."""
+    announce(fifo, "spin")
+    while True:
+        pass
+
+
+BURN = AgentTool(
+    "burn",
+    "Burn CPU.",
+    {"type": "object", "properties": {"rounds": {"type": "integer"}}, "required": ["rounds"]},
+    burn,
+)
+SPIN = AgentTool(
+    "spin",
+    "Spin forever.",
+    {"type": "object", "properties": {"fifo": {"type": "string"}}, "required": ["fifo"]},
+    spin,
+)
+
+
+# -- the parent side --------------------------------------------------------------------------
+
+Step = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
+
+
+class StepModel:
+    """The parent's offline model: answers model call ``n`` of a request with ``steps[n]``."""
+
+    retry = RetryOptions(max_retries=0)
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.steps = list(steps)
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> Any:
+        step = self.steps[min(self.calls, len(self.steps) - 1)]
+        self.calls += 1
+        message = step(request) if callable(step) else step
+        yield ModelEvent.completed(ModelResponse(message))
+
+
+_ids = iter(range(1, 1 << 62))
+
+
+def call(name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(f"call-{next(_ids)}", name, arguments)
+
+
+def turn(*calls: ToolCall) -> AssistantMessage:
+    return AssistantMessage(tool_calls=calls)
+
+
+def last_result(request: ModelRequest) -> dict[str, Any]:
+    [*_, last] = (m for m in request.messages if isinstance(m, ToolMessage))
+    if last.failed:
+        raise RuntimeError(f"a tool of the benchmark failed: {last.text}")
+    result: dict[str, Any] = json.loads(last.text)
+    return result
+
+
+class Timing(Extension):
+    """Stamps every tool call of the parent: ``(name, begin, end, result text)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, float, float, str]] = []
+        #: pid announced by the spinning child, checked right after ``task_cancel`` returns
+        self.spinning_pid: int | None = None
+        self.gone_after_cancel: list[bool] = []
+
+    async def on_tool_call(
+        self, context: AgentRunContext, call: ToolCall, call_next: ToolCallNext
+    ) -> ToolResult:
+        begin = time.perf_counter()
+        result = await call_next(call)
+        end = time.perf_counter()
+        if call.name == "task_cancel" and self.spinning_pid is not None:
+            self.gone_after_cancel.append(gone(self.spinning_pid))
+        self.calls.append((call.name, begin, end, str(result.content)))
+        return result
+
+    def of(self, name: str) -> list[tuple[float, float]]:
+        return [(begin, end) for n, begin, end, _ in self.calls if n == name]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class Announcements:
+    """Reads the children's ``kind pid stamp`` lines from a FIFO on a thread.
+
+    A thread, not ``loop.add_reader``: the in-process baseline blocks the loop, and the hang
+    probe must still see (and print) that its child started spinning.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        loop: asyncio.AbstractEventLoop,
+        on_line: Callable[[str, int, float], None] | None = None,
+    ) -> None:
+        self.path = os.path.join(directory, "announce")
+        os.mkfifo(self.path)
+        # O_RDWR: opening never blocks, and our own write end means no EOF between children.
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._loop = loop
+        self._on_line = on_line
+        self._queues: dict[str, asyncio.Queue[tuple[int, float]]] = {}
+        self._thread = threading.Thread(target=self._read, name="announcements", daemon=True)
+        self._thread.start()
+
+    def queue(self, kind: str) -> asyncio.Queue[tuple[int, float]]:
+        return self._queues.setdefault(kind, asyncio.Queue())
+
+    def _read(self) -> None:
+        buffer = b""
+        while True:
+            buffer += os.read(self._fd, 4096)
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if line == b"quit":
+                    return
+                kind, pid, stamp = line.decode().split()
+                if self._on_line is not None:
+                    self._on_line(kind, int(pid), float(stamp))
+                self._loop.call_soon_threadsafe(
+                    self.queue(kind).put_nowait, (int(pid), float(stamp))
+                )
+
+    def close(self) -> None:
+        os.write(self._fd, b"quit\n")
+        self._thread.join()
+        os.close(self._fd)
+
+
+def make_extension(
+    variant: str, definitions: list[SubAgentDefinition], **options: Any
+) -> AsyncSubAgentExtension:
+    cls = AsyncSubAgentExtension if variant == "process" else InProcessSubAgentExtension
+    return cls(definitions, **options)
+
+
+def profile(name: str, model: Any, tools: Sequence[AgentTool] = ()) -> SubAgentDefinition:
+    return SubAgentDefinition(
+        name, f"{name} (benchmark)", "You are a benchmark child.", model, tools
+    )
+
+
+async def run_parent(
+    extension: AsyncSubAgentExtension,
+    timing: Timing,
+    steps: Sequence[Step],
+    tools: Sequence[AgentTool] = (),
+) -> str:
+    """The parent program: one request of an agent driven by ``steps``."""
+    config = AgentRunConfig(session_id="parent", max_turns=len(steps) + 2)
+    client = await create_agent(
+        StepModel(steps), config=config, extensions=[timing, extension], tools=tools
+    )
+    async with client, asyncio.timeout(HANG_GUARD):
+        return (await client.run("go")).content
+
+
+def start_and_read(subagent_type: str) -> list[Step]:
+    return [
+        turn(call("task_start", subagent_type=subagent_type, description="bench", prompt="go")),
+        lambda r: turn(call("task_output", task_id=last_result(r)["task_id"], wait_seconds=60)),
+    ]
+
+
+# -- (1) task_start -> child running ------------------------------------------------------------
+
+
+async def measure_start(rounds: int, chunks: int) -> dict[str, dict[str, Any]]:
+    """Both variants side by side: ``chunks`` alternating parent requests of ``rounds`` starts."""
+    loop = asyncio.get_running_loop()
+    results: dict[str, dict[str, Any]] = {v: {"start": [], "round": []} for v in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
+        ann = Announcements(tmp, loop)
+        queue = ann.queue("start")
+
+        async def program(
+            extension: AsyncSubAgentExtension, n: int
+        ) -> tuple[list[float], list[float]]:
+            """Run ``n`` start + read rounds; return start latencies and round trips."""
+            timing = Timing()
+            await run_parent(extension, timing, [*start_and_read("starter") * n, final()])
+            stamps = [(await asyncio.wait_for(queue.get(), 10))[1] for _ in range(n)]
+            begins = [begin for begin, _ in timing.of("task_start")]
+            ends = [end for _, end in timing.of("task_output")]
+            starts = [s - b for s, b in zip(stamps, begins, strict=True)]
+            return starts, [e - b for e, b in zip(ends, begins, strict=True)]
+
+        try:
+            starter = profile("starter", AnnouncingChild(ann.path))
+            async with contextlib.AsyncExitStack() as stack:
+                extensions = {
+                    v: await stack.enter_async_context(make_extension(v, [starter]))
+                    for v in VARIANTS
+                }
+                for variant, extension in extensions.items():
+                    # the first start of the process variant also boots its pool
+                    [results[variant]["cold"]], _ = await program(extension, 1)
+                for _ in range(chunks):
+                    for variant, extension in extensions.items():
+                        starts, trips = await program(extension, max(1, rounds // chunks))
+                        results[variant]["start"] += starts
+                        results[variant]["round"] += trips
+        finally:
+            ann.close()
+    return results
+
+
+def final(text: str = "finished") -> AssistantMessage:
+    return AssistantMessage(content=text)
+
+
+# -- (2) task_cancel -> gone ---------------------------------------------------------------------
+
+
+def cancel_program(
+    ann: Announcements, timing: Timing, rounds: int
+) -> tuple[list[Step], list[AgentTool]]:
+    async def until_spinning() -> str:
+        pid, _ = await ann.queue("spin").get()
+        timing.spinning_pid = pid
+        return str(pid)
+
+    waiter = AgentTool(
+        "until_spinning",
+        "Wait until the child spins.",
+        {"type": "object", "properties": {}},
+        until_spinning,
+    )
+    steps: list[Step] = []
+    for _ in range(rounds):
+        steps += [
+            turn(call("task_start", subagent_type="spinner", description="spin", prompt="go")),
+            lambda r: turn(call("until_spinning")),
+            lambda r: turn(call("task_cancel", task_id=_started_id(r))),
+        ]
+    return [*steps, final()], [waiter]
+
+
+def _started_id(request: ModelRequest) -> str:
+    for message in reversed(request.messages):
+        if isinstance(message, ToolMessage) and message.name == "task_start":
+            task_id: str = json.loads(message.text)["task_id"]
+            return task_id
+    raise RuntimeError("no task_start result in the parent's history")
+
+
+async def measure_cancel_process(rounds: int) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    timing = Timing()
+    with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
+        ann = Announcements(tmp, loop)
+        try:
+            spinner = profile(
+                "spinner", AnnouncingChild(ann.path, [("spin", {"fifo": ann.path})]), [SPIN]
+            )
+            async with make_extension("process", [spinner]) as extension:
+                steps, tools = cancel_program(ann, timing, rounds)
+                await run_parent(extension, timing, steps, tools)
+                statuses = [t.status.value for t in extension.tasks("parent")]
+        finally:
+            ann.close()
+    if set(statuses) != {"cancelled"} or not all(timing.gone_after_cancel):
+        raise RuntimeError(f"cancel did not kill: {statuses} {timing.gone_after_cancel}")
+    return {"cancel": [end - begin for begin, end in timing.of("task_cancel")]}
+
+
+async def probe_inprocess_cancel(directory: str) -> None:
+    """Run in a separate Python process: the baseline's cancel program, printing progress.
+
+    Prints ``spin``, then ``cancel-called`` / ``cancel-returned`` when the parent's
+    ``task_cancel`` runs, and ``external-cancel-ran`` when a cancel scheduled with
+    ``call_soon_threadsafe`` from the reader thread runs. With a spinning in-process child only
+    ``spin`` ever appears; the benchmark kills this process after its guard.
+    """
+    loop = asyncio.get_running_loop()
+    extension: AsyncSubAgentExtension
+    cancels: list[asyncio.Task[Any]] = []
+
+    def say(text: str) -> None:
+        print(f"{text} {time.perf_counter()!r}", flush=True)
+
+    def external_cancel() -> None:
+        say("external-cancel-ran")
+        for task in extension.tasks("parent"):
+            cancels.append(loop.create_task(extension.cancel(task)))
+
+    def on_line(kind: str, pid: int, stamp: float) -> None:
+        if kind == "spin":
+            say("spin")
+            loop.call_soon_threadsafe(external_cancel)
+
+    class Loud(Timing):
+        async def on_tool_call(
+            self, context: AgentRunContext, call: ToolCall, call_next: ToolCallNext
+        ) -> ToolResult:
+            if call.name == "task_cancel":
+                say("cancel-called")
+            result = await super().on_tool_call(context, call, call_next)
+            if call.name == "task_cancel":
+                say("cancel-returned")
+            return result
+
+    ann = Announcements(directory, loop, on_line)
+    timing = Loud()
+    spinner = profile("spinner", AnnouncingChild(ann.path, [("spin", {"fifo": ann.path})]), [SPIN])
+    async with make_extension("in-process", [spinner]) as extension:
+        steps, tools = cancel_program(ann, timing, 1)
+        await run_parent(extension, timing, steps, tools)
+    ann.close()
+
+
+async def measure_cancel_inprocess(guard: float) -> dict[str, Any]:
+    """Run the baseline's cancel program in a child Python process under a hang guard."""
+    tmp = tempfile.mkdtemp(prefix="zett-bench-")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        SCRIPT,
+        "--probe-inprocess-cancel",
+        tmp,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    seen: dict[str, float] = {}
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HANG_GUARD):  # until its child spins
+                while "spin" not in seen:
+                    line = await proc.stdout.readline()
+                    if not line:
+                        raise RuntimeError("the in-process cancel probe exited early")
+                    word, stamp = line.decode().split()
+                    seen[word] = float(stamp)
+            async with asyncio.timeout(guard):  # then give the cancel every chance
+                while line := await proc.stdout.readline():
+                    word, stamp = line.decode().split()
+                    seen[word] = float(stamp)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"seen": seen, "guard": guard}
+
+
+# -- (3) + (4) CPU-bound children and the parent's loop stall ------------------------------------
+
+
+def calibrate(seconds: float) -> int:
+    """SHA-256 rounds that take about ``seconds`` of CPU in this process."""
+    rounds = 20_000
+    while True:
+        begin = time.perf_counter()
+        burn(rounds)
+        took = time.perf_counter() - begin
+        if took >= 0.1:
+            return max(1, int(rounds * seconds / took))
+        rounds *= 4
+
+
+async def ticker(lateness: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        begin = time.perf_counter()
+        await asyncio.sleep(TICK)
+        lateness.append(time.perf_counter() - begin - TICK)
+
+
+async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """Each repeat runs the sequential reference and both variants, in a rotating order."""
+    loop = asyncio.get_running_loop()
+    results: dict[str, dict[str, Any]] = {
+        v: {"wall": [], "stall": [], "cpu": []} for v in (*VARIANTS, "sequential")
+    }
+
+    async def variant_run(variant: str, extension: AsyncSubAgentExtension) -> None:
+        steps: list[Step] = [
+            turn(
+                *(
+                    call("task_start", subagent_type="burner", description=f"b{i}", prompt="go")
+                    for i in range(k)
+                )
+            ),
+            lambda r: turn(
+                *(
+                    call("task_output", task_id=t.task_id, wait_seconds=120)
+                    for t in extension.tasks("parent")
+                    if not t.done()
+                )
+            ),
+            final(),
+        ]
+        stop = asyncio.Event()
+        ticks = loop.create_task(ticker(results[variant]["stall"], stop))
+        await asyncio.sleep(0)
+        before = {t.task_id for t in extension.tasks("parent")}
+        cpu_begin, begin = time.process_time(), time.perf_counter()
+        await run_parent(extension, Timing(), steps)
+        results[variant]["wall"].append(time.perf_counter() - begin)
+        if variant == "process":  # the children's own CPU time, as the extension measured it
+            burners = [t for t in extension.tasks("parent") if t.task_id not in before]
+            results[variant]["cpu"].append(sum(t.cpu_seconds for t in burners))
+        else:  # everything ran in this process
+            results[variant]["cpu"].append(time.process_time() - cpu_begin)
+        stop.set()
+        await ticks
+        statuses = {t.status.value for t in extension.tasks("parent")}
+        if statuses != {"completed"}:
+            raise RuntimeError(f"{variant}: burners ended {statuses}")
+
+    def sequential() -> None:
+        cpu_begin, begin = time.process_time(), time.perf_counter()
+        for _ in range(k):
+            burn(rounds)
+        results["sequential"]["wall"].append(time.perf_counter() - begin)
+        results["sequential"]["cpu"].append(time.process_time() - cpu_begin)
+
+    with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
+        ann = Announcements(tmp, loop)
+        try:
+            burner = profile(
+                "burner", AnnouncingChild(ann.path, [("burn", {"rounds": rounds})]), [BURN]
+            )
+            warm = profile("warm", AnnouncingChild(ann.path))
+            options = {"max_concurrent": k, "max_workers": k}
+            async with contextlib.AsyncExitStack() as stack:
+                extensions = {
+                    v: await stack.enter_async_context(make_extension(v, [burner, warm], **options))
+                    for v in VARIANTS
+                }
+                for extension in extensions.values():
+                    await run_parent(extension, Timing(), [*start_and_read("warm"), final()])
+                order = ["sequential", *VARIANTS]
+                for i in range(repeats):
+                    for name in order[i % 3 :] + order[: i % 3]:
+                        if name == "sequential":
+                            sequential()
+                        else:
+                            await variant_run(name, extensions[name])
+        finally:
+            ann.close()
+    return results
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(value: float) -> str:
+    return f"{value * 1e3:.3f} ms"
+
+
+def row(name: str, ours: str, base: str, ratio: str) -> None:
+    print(f"| {name:<52} | {ours:>13} | {base:>30} | {ratio:>7} |")
+
+
+def rule() -> None:
+    print(f"|{'-' * 54}|{'-' * 14}:|{'-' * 31}:|{'-' * 8}:|")
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def environment(quick: bool) -> None:
+    clock = time.get_clock_info("perf_counter").implementation
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"command: uv run python benchmarks/bench_subagents.py{' --quick' if quick else ''}")
+    print(
+        f"environment: {platform.system()} {platform.release()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs ({usable} usable), "
+        f"{platform.python_implementation()} {platform.python_version()}, asyncio, "
+        f"perf_counter = {clock}"
+    )
+    print(f"load average before: {load()}")
+
+
+async def bench(quick: bool) -> None:
+    n_start = 50 if quick else 300
+    n_cancel = 5 if quick else 30
+    guard = 2.0 if quick else 5.0
+    seconds = 0.3 if quick else 1.0
+    repeats = 1 if quick else 3
+    k = min(4, max(2, os.cpu_count() or 2))
+
+    environment(quick)
+    if not time.get_clock_info("perf_counter").implementation.startswith(
+        "clock_gettime(CLOCK_MONOTONIC"
+    ):
+        print("warning: perf_counter may not be one clock across processes; (1) is unreliable")
+    started = time.perf_counter()
+    start = await measure_start(n_start, chunks=5)
+    cancel = await measure_cancel_process(n_cancel)
+    probe = await measure_cancel_inprocess(guard)
+    rounds = calibrate(seconds)
+    cpu = await measure_cpu(k, rounds, repeats)
+    total = time.perf_counter() - started
+
+    def ratio(ours: float, base: float) -> str:
+        if ours <= 0:
+            return "inf"
+        value = base / ours
+        return f"{value:.0f}" if value >= 100 else f"{value:.2f}"
+
+    print(
+        f"\nAsyncSubAgentExtension (a process per child) vs in-process baseline (asyncio tasks), "
+        f"{'quick' if quick else 'full'} run, {total:.1f} s; ratio = in-process / process "
+        "(> 1: the process version is faster)\n"
+    )
+    row("measurement", "process", "in-process", "ratio")
+    rule()
+    p, b = start["process"], start["in-process"]
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        ours, base = pct(p["start"], q), pct(b["start"], q)
+        row(
+            f"(1) task_start -> child running, {label} (n={n_start})",
+            ms(ours),
+            ms(base),
+            ratio(ours, base),
+        )
+    row(
+        "    first start (cold; the pool boots)",
+        ms(p["cold"]),
+        ms(b["cold"]),
+        ratio(p["cold"], b["cold"]),
+    )
+    ours, base = pct(p["round"], 0.5), pct(b["round"], 0.5)
+    row("    task_start -> report read (task_output), p50", ms(ours), ms(base), ratio(ours, base))
+
+    seen = probe["seen"]
+    if "cancel-returned" in seen:
+        base_cancel = ms(seen["cancel-returned"] - seen["cancel-called"])
+    else:
+        base_cancel = "never: parent loop blocked"
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        row(
+            f"(2) task_cancel -> pid gone, spinning child, {label}",
+            ms(pct(cancel["cancel"], q)),
+            base_cancel,
+            "inf" if "never" in base_cancel else "",
+        )
+    called = "ran" if "cancel-called" in seen else f"never ran in {probe['guard']:g} s"
+    external = "ran" if "external-cancel-ran" in seen else f"never ran in {probe['guard']:g} s"
+    row("    the parent's task_cancel call", "ran", called, "")
+    row("    a cancel scheduled from another thread", "n/a", external, "")
+
+    walls = {v: statistics.median(cpu[v]["wall"]) for v in VARIANTS}
+    seq = statistics.median(cpu["sequential"]["wall"])
+    label = f"(3) {k} CPU-bound children x {seconds:g} s, wall (median of {repeats})"
+    row(
+        label,
+        f"{walls['process']:.3f} s",
+        f"{walls['in-process']:.3f} s",
+        ratio(walls["process"], walls["in-process"]),
+    )
+    row("    same work run sequentially, no agents", f"{seq:.3f} s", f"{seq:.3f} s", "")
+    row(
+        "    speedup vs sequential",
+        f"{seq / walls['process']:.2f} x",
+        f"{seq / walls['in-process']:.2f} x",
+        "",
+    )
+    parallel = {v: sum(cpu[v]["cpu"]) / sum(cpu[v]["wall"]) for v in (*VARIANTS, "sequential")}
+    row(
+        f"    CPU s used / wall s (sequential: {parallel['sequential']:.2f})",
+        f"{parallel['process']:.2f}",
+        f"{parallel['in-process']:.2f}",
+        "",
+    )
+    for q, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
+        ours, base = pct(cpu["process"]["stall"], q), pct(cpu["in-process"]["stall"], q)
+        row(f"(4) parent loop stall during (3), {label}", ms(ours), ms(base), ratio(ours, base))
+    blocked = {
+        v: sum(x for x in cpu[v]["stall"] if x > 0.010) / sum(cpu[v]["wall"]) for v in VARIANTS
+    }
+    row(
+        "    time the loop was stalled > 10 ms, share of wall",
+        f"{blocked['process']:.1%}",
+        f"{blocked['in-process']:.1%}",
+        "",
+    )
+    ticks = {v: len(cpu[v]["stall"]) for v in VARIANTS}
+    row(
+        f"    ticker wakeups ({TICK * 1e3:g} ms sleeps)",
+        str(ticks["process"]),
+        str(ticks["in-process"]),
+        "",
+    )
+
+    print(
+        f"\n(2) in-process: the child spins inside the parent's only thread, so the parent's"
+        f" task_cancel never runs; the probe process was killed after {probe['guard']:g} s."
+    )
+    print(f"load average after: {load()}")
+    left = psutil.Process().children(recursive=True)
+    print(f"processes left behind: {len(left)}")
+    if left:
+        raise SystemExit(f"the benchmark left processes behind: {left}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (< 30 s)")
+    parser.add_argument("--probe-inprocess-cancel", metavar="DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe_inprocess_cancel:
+        asyncio.run(probe_inprocess_cancel(args.probe_inprocess_cancel))
+    else:
+        asyncio.run(bench(args.quick))
+
+
+if __name__ == "__main__":
+    main()
