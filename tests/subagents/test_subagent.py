@@ -6,6 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 from _subagent_models import SEGFAULT, WHOAMI, ChildModel, StepModel, call, tool_results
 
@@ -124,3 +125,26 @@ async def test_explore_tools_read_list_and_grep_inside_the_root_only(tmp_path: P
         await tools["read_file"].invoke({"path": "link"})
     bad = await tools["read_file"].invoke({"path": "a.py", "start_line": 9})
     assert bad.is_error and "invalid" in bad.text
+
+
+async def test_cancelling_the_parent_request_kills_the_foreground_child(tmp_path: Path) -> None:
+    from _subagent_models import SPIN
+
+    from zett_agent.process import ProcessPool
+
+    ready = tmp_path / "spinning"
+    os.mkfifo(ready)
+    spinner = definition(ChildModel(tools=[("spin", {"ready_fifo": str(ready)})]), tools=(SPIN,))
+    model = StepModel([call("subagent", subagent_type="w", description="spin", prompt="p")])
+    async with ProcessPool(max_workers=2) as pool, SubAgentExtension([spinner], pool=pool) as ext:
+        client = await create_agent(model, config=AgentRunConfig(session_id="p"), extensions=[ext])
+        async with client:
+            run = asyncio.ensure_future(client.run("go"))
+            pid = int(await asyncio.wait_for(asyncio.to_thread(ready.read_bytes), HANG_GUARD))
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            # The cancellation propagated only after the child's process was gone.
+            assert (
+                not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            )

@@ -101,7 +101,6 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         self.max_retained = max_retained
         self.notify_parent = notify_parent
         self._sessions: dict[str, SessionTasks] = {}
-        self._counter = 0
         self._closing = False
 
     # ----------------------------------------------------------------- hooks

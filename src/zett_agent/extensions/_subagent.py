@@ -49,6 +49,7 @@ class ChildAgentExtension(Extension):
         self._runner = ChildRunner(
             pool, max_workers=max_workers, limits=limits, kill_grace=kill_grace
         )
+        self._counter = 0  # numbers the children this extension started
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in _PARENT_ONLY}
@@ -108,20 +109,6 @@ class SubAgentExtension(ChildAgentExtension):
     """
 
     tool_name = "subagent"
-
-    def __init__(
-        self,
-        subagents: Sequence[SubAgentDefinition] | None = None,
-        *,
-        pool: ProcessPool | None = None,
-        limits: ProcessLimits | None = None,
-        kill_grace: float = 0.0,
-        max_workers: int | None = None,
-    ) -> None:
-        super().__init__(
-            subagents, pool=pool, limits=limits, kill_grace=kill_grace, max_workers=max_workers
-        )
-        self._counter = 0
 
     async def on_tool(self, context: AgentRunContext) -> None:
         context.register_tool(self.build_tool(context))
