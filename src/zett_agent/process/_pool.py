@@ -20,6 +20,7 @@ import enum
 import os
 import signal
 import socket
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +51,9 @@ _RECV_SIZE = 1 << 18
 #: how long close() waits for the launcher to report every tree dead before SIGKILLing it
 _CLOSE_TIMEOUT = 5.0
 _START_TIMEOUT = 60.0
+#: how long a worker that closed its socket mid-job may take to be reported dead before it is
+#: killed as a protocol breaker (a dying worker closes its socket just before the report)
+_EOF_GRACE = 1.0
 
 
 class _WorkerState(enum.Enum):
@@ -80,6 +84,7 @@ class _Worker:
         self.kill_sent = False
         self.term_timer: asyncio.TimerHandle | None = None
         self.timeout_timer: asyncio.TimerHandle | None = None
+        self.eof_timer: asyncio.TimerHandle | None = None
         #: the launcher's death report; frames still buffered are delivered before burial
         self.exit_report: dict[str, Any] | None = None
         #: (bytes, cpu, peak rss) of an announced raw text result still to come
@@ -178,6 +183,23 @@ class ProcessPool:
         self._busy: dict[ProcessJob, _Worker] = {}
         self._spawning = 0
         self._job_counter = 0
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        launcher = self._launcher
+        if launcher is None or self._close_task is not None:
+            return
+        if self._launcher_gone is not None and self._launcher_gone.done():
+            return
+        _warn(
+            f"unclosed {self!r}; use 'async with ProcessPool()' or 'await pool.close()'",
+            ResourceWarning,
+            source=self,
+        )
+        # only reachable once the event loop is gone; EOF makes the launcher kill every tree
+        with contextlib.suppress(OSError):
+            launcher.close()
+        for worker in self._workers.values():
+            worker.sock.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._started else "new"
@@ -579,8 +601,20 @@ class ProcessPool:
         if not received:
             worker.eof = True
             self._stop_reading(worker)
+            if worker.job is not None and not worker.job.done() and worker.exit_report is None:
+                # no result can come any more: unless the worker's death is reported
+                # meanwhile, it closed its socket and lives on, and the job must not hang
+                assert self._loop is not None
+                worker.eof_timer = self._loop.call_later(_EOF_GRACE, self._on_eof_grace, worker)
             return
         self._pump(worker)
+
+    def _on_eof_grace(self, worker: _Worker) -> None:
+        worker.eof_timer = None
+        job = worker.job
+        if job is not None and not job.done() and worker.exit_report is None:
+            reason = "the child closed its result channel while its job still ran"
+            self._kill_job(job, ProtocolError(reason), 0.0)
 
     def _pump(self, worker: _Worker) -> None:
         worker.pump_scheduled = False
@@ -708,10 +742,10 @@ class ProcessPool:
 
     @staticmethod
     def _clear_timers(worker: _Worker) -> None:
-        for timer in (worker.timeout_timer, worker.term_timer):
+        for timer in (worker.timeout_timer, worker.term_timer, worker.eof_timer):
             if timer is not None:
                 timer.cancel()
-        worker.timeout_timer = worker.term_timer = None
+        worker.timeout_timer = worker.term_timer = worker.eof_timer = None
 
     def _on_worker_exit(self, message: dict[str, Any]) -> None:
         """The launcher reports a worker (and every process it had to kill) dead and reaped."""
