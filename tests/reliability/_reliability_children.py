@@ -112,32 +112,18 @@ def frame(payload: bytes) -> bytes:
 
 def write_pickle_frame(marker: str) -> None:
     """Send a pickle (that would create ``marker`` when loaded) as if it were a result frame."""
+    emit(os.getpid())
     os.write(channel_fd(), frame(malicious_pickle(marker)))
     time.sleep(600)
 
 
-def return_pickle_bytes_as_text(marker: str) -> str:
-    """A well-formed result whose text *is* a pickle payload: plain data, never loaded."""
-    return malicious_pickle(marker).decode("latin-1")
-
-
 def lying_length(claimed: int, payload: bytes, then: str) -> None:
-    """Write a header that lies about the frame's size, then ``then``: sleep, or exit."""
+    """Emit our pid, write a header that lies about the frame's size, then sleep or exit."""
+    emit(os.getpid())
     os.write(channel_fd(), HEADER.pack(claimed) + payload)
     if then == "exit":
         os._exit(0)
     time.sleep(600)
-
-
-def endless_events(size: int, counter_path: str) -> None:
-    """Emit events of ``size`` characters forever; record how many were sent in a file."""
-    fd = os.open(counter_path, os.O_WRONLY | os.O_CREAT, 0o600)
-    blob = "x" * size
-    sent = 0
-    while True:
-        emit({"n": sent, "blob": blob})
-        sent += 1
-        os.pwrite(fd, f"{sent:>12}".encode(), 0)
 
 
 def huge_raw_report(announced: int, chunk: int) -> None:
@@ -252,3 +238,34 @@ PICKLE_TOOL = AgentTool(
     {"type": "object", "properties": {"marker": {"type": "string"}}},
     _pickle_into_channel,
 )
+
+
+def endless_events(size: int, counter_path: str) -> None:
+    """Emit events of ``size`` characters forever; keep the count sent so far in a file."""
+    fd = os.open(counter_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    blob = "x" * size
+    sent = 0
+    while True:
+        emit({"n": sent, "blob": blob})
+        sent += 1
+        os.pwrite(fd, b"%12d" % sent, 0)
+
+
+def announce_text_then(size: int, raw: bytes) -> None:
+    """Announce a raw text result of ``size`` bytes, then send ``raw`` as its frame."""
+    announce = b'{"k":"result","text":%d,"u":{"cpu":0.0,"maxrss":0}}' % size
+    os.write(channel_fd(), frame(announce) + frame(raw))
+    time.sleep(600)
+
+
+def return_protocol0_pickle(marker: str, pad: int) -> str:
+    """A well-formed result whose text *is* an ASCII pickle (protocol 0) of the payload.
+
+    ``pad`` spaces make it long enough to travel as a raw text frame.
+    """
+    return pickle.dumps(MakeDirOnLoad(marker), protocol=0).decode("ascii") + " " * pad
+
+
+def emit_pickle_then_return(marker: str) -> str:
+    emit(pickle.dumps(MakeDirOnLoad(marker), protocol=0).decode("ascii"))
+    return "done"
