@@ -20,7 +20,9 @@ What is measured:
    model's ``task_cancel`` nor a thread-safe cancel scheduled from another thread ever runs.
 3. CPU-bound speedup: K children (K = CPU count, 2..4) each hashing for ~1 s (a fixed number of
    SHA-256 rounds, calibrated here), started in one turn and awaited with ``task_output``; wall
-   time of the whole parent request, next to the same work run sequentially in this process.
+   time of the whole parent request, next to the same work run sequentially in this process and
+   the machine's ceiling at that moment: K bare interpreters doing the same work at once (on a
+   shared machine other load shows up there too). The four runs rotate their order per repeat.
 4. Parent event-loop stall during (3): a ticker task in the parent measures how late each
    ``asyncio.sleep(0.005)`` wakes up; p50/p99/max.
 
@@ -65,6 +67,12 @@ HANG_GUARD = 120.0  # seconds; a request of this benchmark that takes longer is 
 TICK = 0.005
 VARIANTS = ("process", "in-process")
 SCRIPT = os.path.abspath(__file__)
+RAW_BURN = (
+    "import hashlib, sys\n"
+    "d = b''\n"
+    "for _ in range(int(sys.argv[1])):\n"
+    "    d = hashlib.sha256(d).digest()\n"
+)
 
 # -- the child agents (both variants run these) -------------------------------------------
 
@@ -490,7 +498,7 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
     """Each repeat runs the sequential reference and both variants, in a rotating order."""
     loop = asyncio.get_running_loop()
     results: dict[str, dict[str, Any]] = {
-        v: {"wall": [], "stall": [], "cpu": []} for v in (*VARIANTS, "sequential")
+        v: {"wall": [], "stall": [], "cpu": []} for v in (*VARIANTS, "sequential", "raw")
     }
 
     async def variant_run(variant: str, extension: AsyncSubAgentExtension) -> None:
@@ -535,6 +543,17 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
         results["sequential"]["wall"].append(time.perf_counter() - begin)
         results["sequential"]["cpu"].append(time.process_time() - cpu_begin)
 
+    async def raw_parallel() -> None:
+        # The machine's ceiling: K bare interpreters doing the same work at once, no agents.
+        begin = time.perf_counter()
+        procs = [
+            await asyncio.create_subprocess_exec(sys.executable, "-c", RAW_BURN, str(rounds))
+            for _ in range(k)
+        ]
+        for proc in procs:
+            await proc.wait()
+        results["raw"]["wall"].append(time.perf_counter() - begin)
+
     with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
         ann = Announcements(tmp, loop)
         try:
@@ -550,11 +569,13 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
                 }
                 for extension in extensions.values():
                     await run_parent(extension, Timing(), [*start_and_read("warm"), final()])
-                order = ["sequential", *VARIANTS]
+                order = ["sequential", "raw", *VARIANTS]
                 for i in range(repeats):
-                    for name in order[i % 3 :] + order[: i % 3]:
+                    for name in order[i % 4 :] + order[: i % 4]:
                         if name == "sequential":
                             sequential()
+                        elif name == "raw":
+                            await raw_parallel()
                         else:
                             await variant_run(name, extensions[name])
         finally:
@@ -677,11 +698,18 @@ async def bench(quick: bool) -> None:
         f"{walls['in-process']:.3f} s",
         ratio(walls["process"], walls["in-process"]),
     )
+    raw = statistics.median(cpu["raw"]["wall"])
     row("    same work run sequentially, no agents", f"{seq:.3f} s", f"{seq:.3f} s", "")
     row(
         "    speedup vs sequential",
         f"{seq / walls['process']:.2f} x",
         f"{seq / walls['in-process']:.2f} x",
+        "",
+    )
+    row(
+        f"    ceiling: {k} bare processes at once ({raw:.3f} s)",
+        f"{seq / raw:.2f} x",
+        f"{seq / raw:.2f} x",
         "",
     )
     parallel = {v: sum(cpu[v]["cpu"]) / sum(cpu[v]["wall"]) for v in (*VARIANTS, "sequential")}
