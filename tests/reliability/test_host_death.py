@@ -1,0 +1,190 @@
+"""The host dies: a host script runs an ``AsyncSubAgentExtension`` with several children, each
+with grandchildren (one of them in a session of its own), and then is SIGKILLed, SIGTERMed, or
+ends ``asyncio.run`` without calling ``close()``. Within 1 s of the host's death no process it
+started may exist.
+
+The host runs under a small harness that is a child subreaper: every orphan of the host's tree
+is reparented to it and reaped there, so "gone" is checked honestly (PID 1 on this machine never
+reaps, and a zombie must not count as gone by accident). The harness reports when the host died
+and when its last descendant was reaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+import pytest
+
+CHILDREN = 3
+
+HARNESS = textwrap.dedent(
+    r"""
+    import ctypes, json, os, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    read_end, write_end = os.pipe()
+    host = os.posix_spawn(sys.executable, [sys.executable, *sys.argv[1:]], os.environ,
+                          file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1)])
+    os.close(write_end)
+    with os.fdopen(read_end) as stream:
+        sys.stdout.write(stream.readline())
+        sys.stdout.flush()
+    host_died = None
+    reaped = []
+    while True:  # every descendant of the host becomes our child once its parent dies
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid == host:
+            host_died = time.monotonic()
+            host_status = os.waitstatus_to_exitcode(status)
+        else:
+            reaped.append(pid)
+    print(json.dumps({"after_host": time.monotonic() - host_died, "host_status": host_status,
+                      "reaped": reaped}), flush=True)
+    """
+)
+
+HOST = textwrap.dedent(
+    r"""
+    import asyncio, json, os, socket, subprocess, sys
+
+    from zett_agent.agent import AgentRunConfig
+    from zett_agent.client import create_agent
+    from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
+    from zett_agent.extensions.subagent import SubAgentDefinition
+    from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
+    from zett_agent.model import ModelEvent, ModelResponse, RetryOptions
+    from zett_agent.tools import AgentTool
+
+    MODE, BEACON, N = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+    def spawn_grandchildren(path):
+        # a plain grandchild, and one in a session of its own (as a daemon would)
+        plain = subprocess.Popen(["sleep", "1000"])
+        escaped = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(1000)"], start_new_session=True
+        )
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(json.dumps([os.getpid(), plain.pid, escaped.pid]).encode(), path)
+        return "spawned"
+
+    SPAWN = AgentTool("spawn", "", {"type": "object", "properties": {"path": {"type": "string"}}},
+                      spawn_grandchildren)
+
+    class Child:
+        retry = RetryOptions(max_retries=0)
+        async def stream(self, request):
+            if not any(isinstance(m, ToolMessage) for m in request.messages):
+                call = ToolCall("c", "spawn", {"path": BEACON})
+                yield ModelEvent.completed(ModelResponse(AssistantMessage(tool_calls=(call,))))
+                return
+            await asyncio.Event().wait()  # then works forever
+
+    class Parent:
+        retry = RetryOptions(max_retries=0)
+        async def stream(self, request):
+            turn = sum(isinstance(m, AssistantMessage) for m in request.messages)
+            if turn == 0:
+                calls = tuple(
+                    ToolCall(f"s{i}", "task_start",
+                             {"subagent_type": "child", "description": f"c{i}", "prompt": "go"})
+                    for i in range(N)
+                )
+                message = AssistantMessage(tool_calls=calls)
+            elif turn == 1:
+                message = AssistantMessage(tool_calls=(ToolCall("w", "report", {}),))
+            elif MODE == "clean":
+                message = AssistantMessage("leaving without close()")
+            else:
+                await asyncio.Event().wait()  # busy until the signal
+            yield ModelEvent.completed(ModelResponse(message))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(BEACON)
+        sock.setblocking(False)
+
+        async def report():
+            pids = [json.loads(await loop.sock_recv(sock, 1024)) for _ in range(N)]
+            runner = extension._runner._own
+            print(json.dumps({"host": os.getpid(), "launcher": runner._launcher.pid,
+                              "children": pids}), flush=True)
+            return "reported"
+
+        definition = SubAgentDefinition("child", "spawns grandchildren", "p", model=Child(),
+                                        tools=(SPAWN,))
+        extension = AsyncSubAgentExtension([definition], max_concurrent=N, max_workers=N)
+        client = await create_agent(
+            Parent(), config=AgentRunConfig(session_id="s"), extensions=[extension],
+            tools=(AgentTool("report", "", {"type": "object", "properties": {}}, report),),
+        )
+        await client.run("start the children")
+        sock.close()
+        # MODE == "clean": return from asyncio.run with the children running, no close()
+
+    asyncio.run(main())
+    """
+)
+
+
+def _readline(stream: IO[str], timeout: float) -> str:
+    ready, _, _ = select.select([stream.fileno()], [], [], timeout)
+    assert ready, "no output within the hang guard"
+    return stream.readline()
+
+
+@pytest.mark.parametrize("mode", ["SIGKILL", "SIGTERM", "clean"])
+def test_host_death_leaves_no_descendant_after_one_second(mode: str, tmp_path: Path) -> None:
+    (tmp_path / "harness.py").write_text(HARNESS)
+    (tmp_path / "host.py").write_text(HOST)
+    harness = subprocess.Popen(
+        [
+            sys.executable,
+            str(tmp_path / "harness.py"),
+            str(tmp_path / "host.py"),
+            mode,
+            str(tmp_path / "beacon"),
+            str(CHILDREN),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert harness.stdout is not None and harness.stderr is not None
+    try:
+        line = _readline(harness.stdout, 60)
+        assert line, harness.stderr.read()
+        info: dict[str, Any] = json.loads(line)
+        descendants = [info["launcher"], *(pid for trio in info["children"] for pid in trio)]
+        assert len(set(descendants)) == 1 + 3 * CHILDREN
+        assert all(psutil.pid_exists(pid) for pid in descendants)
+        if mode != "clean":
+            os.kill(info["host"], getattr(signal, mode))
+        report = json.loads(_readline(harness.stdout, 30))
+        expected_status = {"SIGKILL": -signal.SIGKILL, "SIGTERM": -signal.SIGTERM, "clean": 0}
+        assert report["host_status"] == expected_status[mode], harness.stderr.read()
+        print(
+            f"{mode}: every descendant reaped {report['after_host'] * 1000:.0f} ms after the host"
+        )
+        assert report["after_host"] < 1.0, report
+        # the harness reaped the orphaned launcher (which reaped its workers' trees first);
+        # the harness only ends once it has no child left at all, so nothing is running
+        assert info["launcher"] in report["reaped"], report
+        assert not [pid for pid in descendants if psutil.pid_exists(pid)]
+    finally:
+        harness.kill()
+        harness.wait()
+        harness.stdout.close()
+        harness.stderr.close()
