@@ -415,8 +415,9 @@ async def test_two_cpu_bound_children_run_in_parallel() -> None:
     assert all(t.status is SubAgentTaskStatus.COMPLETED for t in tasks)
     cpu = sum(t.cpu_seconds for t in tasks)
     assert cpu >= 2 * seconds * 0.9, cpu
-    # Sequential would take >= 2 s of wall time; on 2 cores the pair takes about half.
-    assert wall <= 0.75 * 2 * seconds + 0.25, (wall, cpu)
+    # One after the other, the pair needs at least `cpu` seconds of wall time; on 2 cores, in
+    # their own processes, about half of it (plus process start and agent overhead).
+    assert wall <= 0.7 * cpu + 0.3, (wall, cpu)
 
 
 class TerseNotices(SignallingExtension):

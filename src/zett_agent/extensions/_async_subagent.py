@@ -106,7 +106,8 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     # ----------------------------------------------------------------- hooks
 
     async def on_tool(self, context: AgentRunContext) -> None:
-        """Register the task tools for this request."""
+        """Register the task tools for this request (and boot the process pool if needed)."""
+        self._runner.warm_up()
         for tool in self.build_tools(context, self.subagents):
             context.register_tool(tool)
 

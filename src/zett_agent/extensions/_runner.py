@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -22,11 +23,16 @@ from zett_agent.process import (
     WorkerCrashed,
 )
 
+log = logging.getLogger(__name__)
+
 # Imported once in the pool's launcher, so each forked child starts with the runtime warm.
+# The extension's own modules are in it because the extension object travels with each child.
 CHILD_PRELOAD: tuple[str, ...] = (
     "zett_agent.agent",
     "zett_agent.extensions._child",
     "zett_agent.extensions._file_tools",
+    "zett_agent.extensions._subagent",
+    "zett_agent.extensions._async_subagent",
 )
 
 
@@ -53,7 +59,21 @@ class ChildRunner:
         self.limits = limits
         self.kill_grace = kill_grace
         self._lock: asyncio.Lock | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._closed = False
+
+    def warm_up(self) -> None:
+        """Start the pool in the background, so the first child does not wait for it to boot."""
+        idle = self._shared is None and self._own is None and self._warming is None
+        if idle and not self._closed:
+            self._warming = asyncio.get_running_loop().create_task(self._warm())
+
+    async def _warm(self) -> None:
+        try:
+            await self.pool()
+        except Exception:
+            # The first real submit starts the pool again and reports the error to its caller.
+            log.debug("warming up the process pool failed", exc_info=True)
 
     async def pool(self) -> ProcessPool:
         if self._shared is not None:
@@ -64,6 +84,8 @@ class ChildRunner:
             if self._lock is None:
                 self._lock = asyncio.Lock()
             async with self._lock:
+                if self._closed:
+                    raise RuntimeError("this extension is closed; create a new one to start tasks")
                 if self._own is None:
                     workers = self._max_workers or max(2, os.cpu_count() or 2)
                     pool = ProcessPool(
@@ -84,7 +106,16 @@ class ChildRunner:
         return pool.submit(run_child, spec, limits=limits)
 
     async def close(self) -> None:
+        """Close the pool this runner created (a shared pool stays open). Idempotent.
+
+        A pool still starting is waited for, then closed, so nothing outlives this call.
+        """
         self._closed = True
+        if self._warming is not None:
+            await asyncio.gather(self._warming, return_exceptions=True)
+        if self._lock is not None:
+            async with self._lock:
+                pass  # a start in progress has finished (or failed) once the lock is free
         if self._own is not None:
             pool, self._own = self._own, None
             await pool.close()

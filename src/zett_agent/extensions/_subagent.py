@@ -111,6 +111,7 @@ class SubAgentExtension(ChildAgentExtension):
     tool_name = "subagent"
 
     async def on_tool(self, context: AgentRunContext) -> None:
+        self._runner.warm_up()
         context.register_tool(self.build_tool(context))
 
     def build_tool(self, context: AgentRunContext) -> AgentTool:
