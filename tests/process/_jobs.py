@@ -188,3 +188,15 @@ def bad_text_result() -> None:
     _channel._send_frame(b'{"k":"result","text":3,"u":{"cpu":0.0,"maxrss":0}}')
     _channel._send_frame(b"\xff\xfe\xfd")
     time.sleep(600)
+
+
+def fork_and_return() -> int:
+    """Fork; both processes return from the job. Only the worker may answer."""
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+    return 1 if child else 2
+
+
+def echo_size(data: str) -> int:
+    return len(data)

@@ -238,3 +238,22 @@ async def test_launcher_death_fails_running_jobs_and_closes_the_pool() -> None:
             os.waitpid(pid, 0)  # noqa: ASYNC222 - they are dead or dying (SIGKILL)
     finally:
         _linux.set_child_subreaper(False)
+
+
+async def test_a_forked_copy_of_the_job_never_answers() -> None:
+    async with ProcessPool(1) as pool:
+        async with asyncio.timeout(GUARD):
+            assert await pool.submit(_jobs.fork_and_return) == 1
+            assert await pool.submit(_jobs.add, 1, 1) == 2
+
+
+async def test_large_arguments_are_written_without_blocking() -> None:
+    data = "y" * (8 << 20)  # far more than a socket buffer holds
+    async with ProcessPool(2) as pool:
+        async with asyncio.timeout(GUARD):
+            assert (
+                await asyncio.gather(
+                    pool.submit(_jobs.echo_size, data), pool.submit(_jobs.echo_size, data)
+                )
+                == [len(data)] * 2
+            )

@@ -236,6 +236,7 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
     sock.setblocking(True)
     _channel = _Channel(sock, max_frame_bytes)
     _warm_up()
+    me = os.getpid()
     while True:
         header = _recv_exactly(sock, HEADER.size)
         if header is None:
@@ -246,7 +247,12 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
             break
         last = body[0] & FLAG_LAST
         try:
-            result = _run(body[1:])
+            try:
+                result = _run(body[1:])
+            finally:
+                if os.getpid() != me:
+                    # a process the job forked returned from the job: the answer is ours
+                    os._exit(0)
             try:
                 text = _raw_text(result)
                 if text is not None:
