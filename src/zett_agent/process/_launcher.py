@@ -60,6 +60,8 @@ class _Launcher:
         #: exit reports waiting until every pid of their set is reaped
         self.deferred: list[tuple[dict[str, Any], set[int]]] = []
         self.stopping = False
+        #: workers the host asked for and not forked yet (one per loop turn)
+        self.to_spawn = 0
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
 
@@ -97,7 +99,9 @@ class _Launcher:
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         self.send({"op": "hello", "pid": self.pid})
         while not self.stopping:
-            for key, _ in self.selector.select():
+            # forks wait behind everything else: a kill must not queue behind a batch of them
+            timeout = 0 if self.to_spawn else None
+            for key, _ in self.selector.select(timeout):
                 if key.data == "ctrl":
                     self._read_control()
                 else:
@@ -107,6 +111,9 @@ class _Launcher:
                     except BlockingIOError:
                         pass
             self._reap()
+            if self.to_spawn and not self.stopping:
+                self.to_spawn -= 1
+                self._fork_worker()
         self._shutdown()
 
     def _read_control(self) -> None:
@@ -123,8 +130,7 @@ class _Launcher:
             message = json.loads(data)
             op = message["op"]
             if op == "spawn":
-                for _ in range(int(message["n"])):
-                    self._fork_worker()
+                self.to_spawn += int(message["n"])
             elif op == "kill":
                 pid = int(message["pid"])
                 if pid in self.workers and pid not in self.killing:
