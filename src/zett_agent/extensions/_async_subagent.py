@@ -483,6 +483,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             return
         ready = list(session.unannounced.values())
         session.unannounced.clear()
+        session.evict()  # announced tasks beyond max_retained may go now
         for task in ready:
             try:
                 text = self.completion_notice(task)

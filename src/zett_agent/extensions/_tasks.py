@@ -152,11 +152,22 @@ class SessionTasks:
         self.tasks[task.task_id] = task
 
     def evict(self) -> None:
-        """Forget the oldest finished tasks beyond ``max_retained``."""
+        """Forget the oldest finished tasks beyond ``max_retained``.
+
+        A task whose completion notice is still due is kept until it was announced (the
+        extension evicts again after announcing): a notice is never lost, and the task it
+        names can still be read. Such tasks are at most those that finished since the
+        session's last model call.
+        """
         finished = [t for t in self.tasks.values() if t.done()]
-        for task in finished[: max(0, len(finished) - self._max_retained)]:
+        excess = len(finished) - self._max_retained
+        for task in finished:
+            if excess <= 0:
+                break
+            if task.task_id in self.unannounced:
+                continue
             del self.tasks[task.task_id]
-            self.unannounced.pop(task.task_id, None)
             self.evicted[task.task_id] = None
+            excess -= 1
         while len(self.evicted) > 10 * max(self._max_retained, 100):
             self.evicted.popitem(last=False)
