@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -204,6 +205,10 @@ def _flush_std_streams() -> None:
             stream.flush()
 
 
+#: seconds a new worker waits for a first job before it warms up as a spare
+_WARM_UP_AFTER = 0.002
+
+
 def _warm_up() -> None:
     """Run the job path once on a dummy job before the first real one arrives.
 
@@ -235,7 +240,10 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
     _linux.set_child_subreaper()
     sock.setblocking(True)
     _channel = _Channel(sock, max_frame_bytes)
-    _warm_up()
+    # warm up only as a spare: when a job is already on its way (the pool is busy), the
+    # warm-up would just be extra work before it
+    if not select.select([sock], [], [], _WARM_UP_AFTER)[0]:
+        _warm_up()
     me = os.getpid()
     while True:
         header = _recv_exactly(sock, HEADER.size)
