@@ -303,10 +303,16 @@ class ProcessPool:
 
         ``fn`` may be sync or async (an async result is run with ``asyncio.run`` in the child),
         and may be a lambda, a closure or come from ``__main__``: it is sent with cloudpickle.
-        Its result must be JSON-compatible. Never blocks.
+        Its result must be JSON-compatible (a large ``str`` travels as raw UTF-8). Never waits
+        for a worker: the job queues if all ``max_workers`` are busy. The job is pickled here,
+        synchronously, so huge arguments cost loop time in this call.
 
         Raises ``TypeError`` naming the value that cannot be pickled (the pool is unaffected),
-        ``PoolClosed`` after ``close()``, and ``RuntimeError`` before ``start()``.
+        ``PoolClosed`` after ``close()`` or once the launcher died, and ``RuntimeError`` before
+        ``start()``. Must be called from the event loop thread that started the pool.
+
+        On crash: a job whose worker dies ends with ``WorkerCrashed`` (or ``LimitExceeded`` when
+        a limit explains the death); other jobs are not affected.
         """
         if self._closed or self._broken is not None:
             raise PoolClosed(
