@@ -397,27 +397,34 @@ async def test_crash_and_memory_limit_fail_cleanly_while_a_sibling_completes() -
 
 
 async def test_two_cpu_bound_children_run_in_parallel() -> None:
-    seconds = 1.0
+    seconds = 0.8
     child = ChildModel("{last}", tools=[("burn", {"seconds": seconds})])
-    starts = AssistantMessage(
-        tool_calls=tuple(
-            call(
-                "task_start", subagent_type="worker", description=f"burn {i}", prompt="p"
-            ).tool_calls[0]
-            for i in range(2)
+
+    async def run_children(count: int) -> tuple[float, float]:
+        starts = AssistantMessage(
+            tool_calls=tuple(
+                call(
+                    "task_start", subagent_type="worker", description=f"burn {i}", prompt="p"
+                ).tool_calls[0]
+                for i in range(count)
+            )
         )
-    )
-    async with AsyncSubAgentExtension([worker(child, tools=(BURN,))]) as extension:
-        begin = time.monotonic()
-        await run_parent(extension, [starts, final()])
-        tasks = [await extension.wait(t, HANG_GUARD) for t in extension.tasks("parent")]
-        wall = time.monotonic() - begin
-    assert all(t.status is SubAgentTaskStatus.COMPLETED for t in tasks)
-    cpu = sum(t.cpu_seconds for t in tasks)
-    assert cpu >= 2 * seconds * 0.9, cpu
-    # One after the other, the pair needs at least `cpu` seconds of wall time; on 2 cores, in
-    # their own processes, about half of it (plus process start and agent overhead).
-    assert wall <= 0.7 * cpu + 0.3, (wall, cpu)
+        async with AsyncSubAgentExtension([worker(child, tools=(BURN,))]) as extension:
+            await run_parent(extension, [final()])  # boots the pool outside the measurement
+            begin = time.monotonic()
+            await run_parent(extension, [starts, final()])
+            tasks = [await extension.wait(t, HANG_GUARD) for t in extension.tasks("parent")]
+            wall = time.monotonic() - begin
+        assert [t.status for t in tasks] == [SubAgentTaskStatus.COMPLETED] * count
+        return wall, sum(t.cpu_seconds for t in tasks)
+
+    # The reference is measured in the same test, so a machine slowed by other work slows both.
+    one_wall, one_cpu = await run_children(1)
+    two_wall, two_cpu = await run_children(2)
+    assert one_cpu >= seconds * 0.9 and two_cpu >= 2 * seconds * 0.9, (one_cpu, two_cpu)
+    sequential = 2 * one_wall  # what running the pair one after the other takes
+    # On 2 cores, in their own processes, the pair takes about half of that.
+    assert two_wall <= 0.7 * sequential, (two_wall, sequential)
 
 
 class TerseNotices(SignallingExtension):
