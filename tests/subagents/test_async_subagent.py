@@ -575,3 +575,26 @@ def test_children_defined_in_main_work_and_main_is_not_rerun(tmp_path: Path) -> 
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["main module ran", "completed from __main__ child"]
+
+
+async def test_cancelling_a_waiter_leaves_the_task_running_and_cancel_leaves_a_finished_task(
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    async with AsyncSubAgentExtension([worker(GateModel(str(gate)))]) as extension:
+        await run_parent(
+            extension,
+            [call("task_start", subagent_type="worker", description="d", prompt="p"), final()],
+        )
+        [task] = extension.tasks("parent")
+        waiter = asyncio.ensure_future(extension.wait(task))
+        await asyncio.sleep(0)  # let the waiter block on the task
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not task.done()
+        await asyncio.to_thread(gate.write_bytes, b"go")
+        assert (await extension.wait(task, HANG_GUARD)).status is SubAgentTaskStatus.COMPLETED
+        assert (await extension.cancel(task)).status is SubAgentTaskStatus.COMPLETED
+        assert task.output == "released"
