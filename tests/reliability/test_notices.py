@@ -1,0 +1,52 @@
+"""Found by the soak: a finished task must be announced even when more than ``max_retained``
+tasks finish between two model calls (eviction used to drop notices still due)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from _reliability_children import StepModel, ToolsThenAnswer, call
+
+from zett_agent.agent import AgentRunConfig
+from zett_agent.client import create_agent
+from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
+from zett_agent.extensions.subagent import SubAgentDefinition
+from zett_agent.messages import AgentMessage, AssistantMessage
+from zett_agent.tools import AgentTool
+
+GUARD = 60
+
+
+async def test_notices_survive_eviction_between_two_model_calls() -> None:
+    definition = SubAgentDefinition("w", "finishes at once", "p", model=ToolsThenAnswer("ok"))
+    extension = AsyncSubAgentExtension([definition], max_retained=1)
+
+    async def until_all_finished() -> str:
+        # waits outside the model's view: the tasks are not read, so each must be announced
+        await asyncio.gather(*(t.settled.wait() for t in extension.tasks("s")))
+        return "all finished"
+
+    starts = AssistantMessage(
+        tool_calls=tuple(
+            call("task_start", subagent_type="w", description=f"t{i}", prompt="p") for i in range(3)
+        )
+    )
+    model = StepModel(
+        [
+            starts,
+            AssistantMessage(tool_calls=(call("until_all_finished"),)),
+            AssistantMessage("done"),
+        ]
+    )
+    tool = AgentTool("until_all_finished", "", {"type": "object"}, until_all_finished)
+    async with extension:
+        client = await create_agent(
+            model, config=AgentRunConfig(session_id="s"), extensions=[extension], tools=(tool,)
+        )
+        async with client, asyncio.timeout(GUARD):
+            assert (await client.run("go")).content == "done"
+        retained = [t.task_id for t in extension.tasks("s")]
+    notices = [m.content for m in model.requests[-1].messages if isinstance(m, AgentMessage)]
+    assert sorted(n.split()[2] for n in notices) == ["task-1", "task-2", "task-3"], notices
+    # once announced, the oldest are forgotten down to max_retained
+    assert retained == ["task-3"]
