@@ -432,8 +432,10 @@ def _check(ledger: Ledger) -> tuple[Counter[str], list[str]]:
                 outcome += ", evicted before task_cancel"
             elif at_cancel.terminal:
                 outcome += " before task_cancel"
-            else:
+            elif status is SubAgentTaskStatus.CANCELLED:
                 outcome += f" while {at_cancel.value}"
+            else:  # the cancel arrived while it ran, but its result was already in
+                outcome += ", result beat task_cancel"
         counts[f"{planned.kind:<17} {outcome}"] += 1
         counts["notices delivered"] += planned.notices
         counts["read through a tool"] += planned.read
