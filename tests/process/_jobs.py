@@ -180,6 +180,15 @@ def text(n: int) -> str:
     return ("é✓x" * n)[:n]
 
 
+def ascii_text(n: int, fill: str = "a") -> str:
+    """An ASCII string of ``n`` characters that shows where every slice of it came from."""
+    return "".join(chr(48 + i % 64) for i in range(min(n, 4096))) + fill * max(0, n - 4096)
+
+
+def surrogate_text(n: int) -> str:
+    return "x" * n + "\ud800"
+
+
 def bad_text_result() -> None:
     """Announce a raw text result and send bytes that are not UTF-8."""
     from zett_agent.process._worker import _channel

@@ -213,6 +213,60 @@ async def test_large_text_and_json_results_round_trip() -> None:
             assert await nested == {"items": list(range(100_000)), "t": "x" * 100_000}
 
 
+async def test_large_ascii_results_survive_buffer_reuse() -> None:
+    # ASCII text goes in slices; the parent reuses one receive buffer for large frames, so a
+    # smaller result after a bigger one must not show any of the bigger one's bytes
+    sizes = [3_000_001, 1_500_007, (1 << 20) + 1, 2_000_000]
+    async with ProcessPool(1) as pool:
+        async with asyncio.timeout(GUARD):
+            for i, n in enumerate(sizes):
+                fill = "abcd"[i]
+                assert await pool.submit(_jobs.ascii_text, n, fill) == _jobs.ascii_text(n, fill)
+            assert pool._buffers.kept >= sizes[0]
+        await pool.close()
+        assert pool._buffers.kept == 0
+
+
+async def test_large_text_with_lone_surrogates_falls_back_to_json() -> None:
+    async with ProcessPool(1) as pool:
+        async with asyncio.timeout(GUARD):
+            assert await pool.submit(_jobs.surrogate_text, 100_000) == _jobs.surrogate_text(100_000)
+
+
+async def test_a_spare_that_took_a_job_is_replaced() -> None:
+    # while another spare is ready, the replacement fork waits (it would compete with the job
+    # for the CPU), but only briefly
+    async with ProcessPool(4, spare_workers=2) as pool:
+        async with asyncio.timeout(GUARD):
+            assert await pool.submit(_jobs.add, 1, 2) == 3
+            while pool._spawning:  # the replacement of the first job's worker
+                await first_worker_message(pool)
+            assert len(pool._idle) == 2
+            job = pool.submit(_jobs.ready_then_spin)
+            assert (len(pool._idle), pool._spawning) == (1, 0)
+            assert pool._replace_timer is not None
+            await first_worker_message(pool)
+            assert len(pool._idle) == 2
+            await job.cancel()
+
+
+async def first_worker_message(pool: ProcessPool) -> None:
+    """Return once the launcher handed the pool a new worker."""
+    arrived = asyncio.get_running_loop().create_future()
+    handle = pool._handle_control
+
+    def spy(message: dict[str, object], fds: list[int]) -> None:
+        handle(message, fds)
+        if message.get("op") == "worker" and not arrived.done():
+            arrived.set_result(None)
+
+    pool._handle_control = spy  # type: ignore[method-assign]
+    try:
+        await arrived
+    finally:
+        del pool._handle_control
+
+
 async def test_launcher_death_fails_running_jobs_and_closes_the_pool() -> None:
     from zett_agent.process import WorkerCrashed, _linux
 

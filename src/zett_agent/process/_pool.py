@@ -40,7 +40,15 @@ from ._errors import (
 )
 from ._job import JobStatus, ProcessJob
 from ._limits import ProcessLimits
-from ._protocol import FLAG_LAST, HEADER, MAX_FRAME_LIMIT, FrameDecoder, FrameError, decode_message
+from ._protocol import (
+    FLAG_LAST,
+    HEADER,
+    MAX_FRAME_LIMIT,
+    BufferCache,
+    FrameDecoder,
+    FrameError,
+    decode_message,
+)
 
 __all__ = ["ProcessPool"]
 
@@ -54,6 +62,11 @@ _START_TIMEOUT = 60.0
 #: how long a worker that closed its socket mid-job may take to be reported dead before it is
 #: killed as a protocol breaker (a dying worker closes its socket just before the report)
 _EOF_GRACE = 1.0
+#: longest delay of the fork that replaces a spare which just took a job, while another spare
+#: is still ready (see ``_top_up``)
+_REPLACE_DELAY = 0.005
+#: how long the receive buffer of a large frame is kept for the next one
+_BUFFER_KEEP = 2.0
 
 
 class _WorkerState(enum.Enum):
@@ -66,11 +79,13 @@ class _WorkerState(enum.Enum):
 class _Worker:
     """The host's view of one worker process."""
 
-    def __init__(self, pid: int, sock: socket.socket, max_frame_bytes: int) -> None:
+    def __init__(
+        self, pid: int, sock: socket.socket, max_frame_bytes: int, buffers: BufferCache
+    ) -> None:
         self.pid = pid
         self.sock = sock
         self.fd = sock.fileno()
-        self.decoder = FrameDecoder(max_frame_bytes)
+        self.decoder = FrameDecoder(max_frame_bytes, buffers)
         self.state = _WorkerState.IDLE
         self.job: ProcessJob | None = None
         self.jobs_done = 0
@@ -182,6 +197,10 @@ class ProcessPool:
         self._idle: deque[_Worker] = deque()
         self._busy: dict[ProcessJob, _Worker] = {}
         self._spawning = 0
+        self._replace_timer: asyncio.TimerHandle | None = None
+        #: one reusable receive buffer for large frames, freed after _BUFFER_KEEP idle seconds
+        self._buffers = BufferCache()
+        self._buffers_timer: asyncio.TimerHandle | None = None
         self._job_counter = 0
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
@@ -270,6 +289,11 @@ class ProcessPool:
 
     async def _close(self) -> None:
         self._closed = True
+        for timer in (self._replace_timer, self._buffers_timer):
+            if timer is not None:
+                timer.cancel()
+        self._replace_timer = self._buffers_timer = None
+        self._buffers.clear()
         launcher, gone = self._launcher, self._launcher_gone
         assert launcher is not None and gone is not None
         while self._queue:
@@ -336,7 +360,7 @@ class ProcessPool:
             self.max_buffered_events,
         )
         self._queue.append(job)
-        self._dispatch()
+        self._dispatch(replace_now=False)
         return job
 
     @staticmethod
@@ -372,19 +396,42 @@ class ProcessPool:
 
     # -- scheduling -------------------------------------------------------------------------
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, *, replace_now: bool = True) -> None:
         while self._queue and self._idle and len(self._busy) < self.max_workers:
             self._run(self._queue.popleft(), self._idle.popleft())
-        self._top_up()
+        self._top_up(replace_now=replace_now)
 
-    def _top_up(self) -> None:
+    def _top_up(self, *, replace_now: bool = True) -> None:
+        """Ask the launcher for the workers that are missing: one per queued job that could
+        start, plus enough to keep ``spare_workers`` ready.
+
+        With ``replace_now=False`` (a job was just dispatched) and another worker still ready,
+        the fork that replaces the spare waits until a job ends or ``_REPLACE_DELAY`` passed:
+        on a small machine, a fork and the new worker's start compete for the CPU with the job
+        that just started, which more than doubled the latency of short jobs. A job that
+        arrives meanwhile still finds a ready worker, and once none is left the fork is
+        immediate.
+        """
         if self._closed or self._broken is not None or not self._started:
             return
         demand = min(len(self._queue), self.max_workers - len(self._busy))
         missing = self.spare_workers + demand - len(self._idle) - self._spawning
-        if missing > 0:
-            self._spawning += missing
-            self._send({"op": "spawn", "n": missing})
+        if missing <= 0:
+            return
+        if not replace_now and demand == 0 and self._idle:
+            if self._replace_timer is None:
+                assert self._loop is not None
+                self._replace_timer = self._loop.call_later(_REPLACE_DELAY, self._replace_due)
+            return
+        if self._replace_timer is not None:
+            self._replace_timer.cancel()
+            self._replace_timer = None
+        self._spawning += missing
+        self._send({"op": "spawn", "n": missing})
+
+    def _replace_due(self) -> None:
+        self._replace_timer = None
+        self._top_up()
 
     def _run(self, job: ProcessJob, worker: _Worker) -> None:
         assert self._loop is not None
@@ -501,7 +548,7 @@ class ProcessPool:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fds[0])
             for fd in fds[1:]:
                 os.close(fd)
-            worker = _Worker(int(message["pid"]), sock, self.max_frame_bytes)
+            worker = _Worker(int(message["pid"]), sock, self.max_frame_bytes, self._buffers)
             sock.setblocking(False)
             self._workers[worker.pid] = worker
             if self._closed or self._broken is not None:
@@ -636,7 +683,11 @@ class ProcessPool:
                     elif not worker.eof:
                         self._start_reading(worker)
                     return
-                self._handle_frame(worker, frame)
+                try:
+                    self._handle_frame(worker, frame)
+                finally:
+                    if isinstance(frame, memoryview):
+                        self._recycle(worker)
             except FrameError as exc:
                 self._protocol_error(worker, str(exc))
                 return
@@ -647,6 +698,18 @@ class ProcessPool:
             worker.pump_scheduled = True
             self._loop.call_soon(self._pump, worker)
 
+    def _recycle(self, worker: _Worker) -> None:
+        """Keep the buffer of the large frame just handled for the next one, for a while."""
+        worker.decoder.close()
+        if self._buffers.kept and self._loop is not None and not self._closed:
+            if self._buffers_timer is not None:
+                self._buffers_timer.cancel()
+            self._buffers_timer = self._loop.call_later(_BUFFER_KEEP, self._release_buffers)
+
+    def _release_buffers(self) -> None:
+        self._buffers_timer = None
+        self._buffers.clear()
+
     def _events_consumed(self, job: ProcessJob) -> None:
         worker = self._busy.get(job)
         if worker is None or not worker.paused:
@@ -655,7 +718,7 @@ class ProcessPool:
             worker.paused = False
             self._pump(worker)
 
-    def _handle_frame(self, worker: _Worker, frame: bytes | bytearray) -> None:
+    def _handle_frame(self, worker: _Worker, frame: bytes | bytearray | memoryview) -> None:
         pending = worker.text_result
         if pending is not None:
             # the raw UTF-8 frame that a {"k": "result", "text": N} frame announced
@@ -663,7 +726,7 @@ class ProcessPool:
             if len(frame) != pending[0]:
                 raise FrameError(f"a text result of {len(frame)} bytes, {pending[0]} announced")
             try:
-                text = frame.decode("utf-8")
+                text = str(frame, "utf-8")
             except UnicodeDecodeError as exc:
                 raise FrameError(f"a text result is not valid UTF-8 ({exc})") from None
             self._job_ended(worker, JobStatus.COMPLETED, text, None, pending[1], pending[2])
