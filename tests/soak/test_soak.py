@@ -350,6 +350,15 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _parents(processes: list[psutil.Process]) -> dict[int, int]:
+    """pid -> parent pid of the processes still alive (a worker may exit meanwhile)."""
+    parents = {}
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            parents[process.pid] = process.ppid()
+    return parents
+
+
 def _harness_tools(extension: SoakExtension, ledger: Ledger, beacons: Beacons) -> tuple[Any, ...]:
     async def await_beacon(token: str) -> str:
         return await beacons.wait(token)
@@ -484,9 +493,12 @@ async def test_soak(request: pytest.FixtureRequest, tmp_path: Path) -> None:
         for client in clients:  # anything still unannounced arrives at a session's next request
             assert (await client.run("sweep")).content == "swept"
         elapsed = time.monotonic() - started
-        # the pool is still open: only the launcher and its idle spare workers may exist
-        alive = psutil.Process().children(recursive=True)
-        assert len(alive) <= 1 + 2, [p.as_dict(["pid", "status", "cmdline"]) for p in alive]
+        # the pool is still open: the launcher and its workers (spares, and workers exiting
+        # after their last result) may exist, but nothing a job started
+        parents = _parents(psutil.Process().children(recursive=True))
+        launchers = {pid for pid, ppid in parents.items() if ppid == os.getpid()}
+        strays = [pid for pid, ppid in parents.items() if launchers.isdisjoint((pid, ppid))]
+        assert len(launchers) == 1 and not strays, parents
         rss_with_history = _rss()  # the sessions' histories legitimately grow with the run
         for client in clients:
             await client.close()
