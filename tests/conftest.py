@@ -61,5 +61,26 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not leaked, f"test left file descriptors open: {_describe_fds(leaked)}"
 
 
+#: children in the default (short) soak that ``uv run pytest`` runs
+SOAK_DEFAULT_SIZE = 60
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/soak/conftest.py, so the options work with or without a path argument.
+    group = parser.getgroup("soak")
+    group.addoption(
+        "--soak-size",
+        type=int,
+        default=SOAK_DEFAULT_SIZE,
+        help=f"children the soak test starts in total (default {SOAK_DEFAULT_SIZE})",
+    )
+    group.addoption(
+        "--soak-seed",
+        type=int,
+        default=None,
+        help="seed of the soak's random mix (default: a fresh one, printed)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "allow_leaks: opt out of the leak guard (use sparingly)")
