@@ -23,5 +23,3 @@ def test_guide_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert EXPECTED in done.stdout.splitlines()
-
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # a long soak needs more than the suite's per-test timeout; about 0.2 s per child is
     # ample on 2 cores, and the timeout stays a hang guard
