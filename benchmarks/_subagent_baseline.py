@@ -93,6 +93,9 @@ class InProcessRunner:
 
     kill_grace = 0.0
 
+    def warm_up(self) -> None:
+        """Nothing to boot: children are asyncio tasks."""
+
     async def submit(self, spec: ChildSpec) -> InProcessJob:
         return InProcessJob(spec, self.kill_grace)
 
