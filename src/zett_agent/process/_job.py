@@ -257,9 +257,12 @@ class ProcessJob:
     # -- usage ------------------------------------------------------------------------------
 
     def usage(self) -> JobUsage:
-        """Resources of the job's tree: live from ``/proc`` while running, final after it ends.
+        """Resources of the job: live from ``/proc`` while running, final after it ends.
 
-        ``elapsed`` counts from dispatch to the end (0 while queued).
+        Live numbers are the worker process's own (plus the children it has already reaped):
+        finding its live descendants would mean scanning all of ``/proc``, which costs the host's
+        event loop milliseconds, tens of them on a busy machine. Final numbers are the worker's
+        ``getrusage``. ``elapsed`` counts from dispatch to the end (0 while queued).
         """
         started = self._started_at
         if started is None:
@@ -270,17 +273,13 @@ class ProcessJob:
         pid = self.pid
         if pid is not None:
             try:
-                root = psutil.Process(pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                procs = []
-            for proc in procs:
-                try:
+                proc = psutil.Process(pid)
+                with proc.oneshot():
                     times = proc.cpu_times()
-                    cpu += times.user + times.system
-                    rss += proc.memory_info().rss
-                except psutil.Error:
-                    continue
+                    rss = proc.memory_info().rss
+                cpu = times.user + times.system + times.children_user + times.children_system
+            except psutil.Error:
+                pass  # it just ended; the final numbers arrive with its exit report
         self._peak_seen = max(self._peak_seen, rss)
         return JobUsage(cpu, rss, self._peak_seen, time.monotonic() - started)
 
