@@ -14,63 +14,20 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
-from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
-from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
+from zett_agent.messages import AssistantMessage, ToolCall
+from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions
 from zett_agent.process import emit
 from zett_agent.process._protocol import HEADER
 from zett_agent.tools import AgentTool
-
-Step = AssistantMessage | Callable[[ModelRequest], AssistantMessage]
 
 
 def call(name: str, arguments: Any = None, **kwargs: Any) -> ToolCall:
     """One tool call; ``arguments`` may be anything (bad input), else the keyword arguments."""
     args = kwargs if arguments is None else arguments
     return ToolCall(f"call-{name}-{os.urandom(3).hex()}", name, args)
-
-
-def tool_results(request: ModelRequest) -> list[ToolMessage]:
-    return [m for m in request.messages if isinstance(m, ToolMessage)]
-
-
-class StepModel:
-    """Answers model call ``n`` of a session with ``steps[n]`` (counting assistant messages)."""
-
-    retry = RetryOptions(max_retries=0)
-
-    def __init__(self, steps: Sequence[Step]) -> None:
-        self.steps = list(steps)
-        self.requests: list[ModelRequest] = []
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        self.requests.append(request)
-        index = sum(isinstance(m, AssistantMessage) for m in request.messages)
-        step = self.steps[min(index, len(self.steps) - 1)]
-        message = step(request) if callable(step) else step
-        yield ModelEvent.completed(ModelResponse(message, Usage(10, 5)))
-
-
-class ToolsThenAnswer:
-    """A child that calls ``tools`` in order (one per turn), then answers ``answer``."""
-
-    retry = RetryOptions(max_retries=0)
-
-    def __init__(self, answer: str = "done", tools: Sequence[tuple[str, dict[str, Any]]] = ()):
-        self.answer = answer
-        self.tools = list(tools)
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        done = len(tool_results(request))
-        if done < len(self.tools):
-            name, args = self.tools[done]
-            message = AssistantMessage(tool_calls=(ToolCall(f"c{done}", name, args),))
-        else:
-            last = tool_results(request)[-1].text if done else ""
-            message = AssistantMessage(content=self.answer.format(last=last))
-        yield ModelEvent.completed(ModelResponse(message, Usage(7, 3)))
 
 
 class BlockingModel:

@@ -11,8 +11,9 @@ import math
 from typing import Any
 
 import pytest
-from _reliability_children import StepModel, ToolsThenAnswer, call, tool_results
+from _reliability_children import call
 
+from _scripted_models import StepModel, ToolsThenAnswer, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from _reliability_children import StepModel, ToolsThenAnswer, call
+from _reliability_children import call
 
+from _scripted_models import StepModel, ToolsThenAnswer
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension

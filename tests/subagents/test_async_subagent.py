@@ -24,12 +24,10 @@ from _subagent_models import (
     BlockingModel,
     ChildModel,
     GateModel,
-    StepModel,
     call,
-    last_json,
-    tool_results,
 )
 
+from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import (

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _subagent_models import SEGFAULT, WHOAMI, ChildModel, StepModel, call, tool_results
+from _subagent_models import SEGFAULT, WHOAMI, ChildModel, call
 
+from _scripted_models import StepModel, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.subagent import (
