@@ -311,3 +311,37 @@ async def test_large_arguments_are_written_without_blocking() -> None:
                 )
                 == [len(data)] * 2
             )
+
+
+def _module_level(x: int) -> int:
+    return x
+
+
+def test_plain_pickle_only_where_cloudpickle_would_pickle_by_reference() -> None:
+    import sys
+
+    import cloudpickle
+
+    from zett_agent.process._pool import _pickle_by_reference
+
+    fast = _pickle_by_reference((os.getpid, (_module_level, [1]), {}, None))
+    assert fast is not None
+    assert cloudpickle.loads(fast)[1][0] is _module_level
+    # by value: a lambda, a closure, a module registered by value, anything from __main__
+    assert _pickle_by_reference((lambda: 1, (), {}, None)) is None
+    value = 2
+    assert _pickle_by_reference((lambda: value, (), {}, None)) is None
+    assert _pickle_by_reference((_jobs.add, (), {}, None)) is None
+    assert _pickle_by_reference((os.getpid, (_jobs.add,), {}, None)) is None
+
+    def from_main() -> None:
+        return None
+
+    from_main.__module__ = "__main__"
+    from_main.__qualname__ = "_zett_from_main"
+    main = sys.modules["__main__"]
+    main._zett_from_main = from_main  # type: ignore[attr-defined]
+    try:
+        assert _pickle_by_reference((os.getpid, ({"f": from_main},), {}, None)) is None
+    finally:
+        del main._zett_from_main  # type: ignore[attr-defined]

@@ -89,6 +89,9 @@ class ProcessJob:
         #: events dropped because nobody iterated ``events()`` and the buffer was full
         self.dropped_events = 0
         self._done: asyncio.Future[None] = loop.create_future()
+        #: one future per ``await job``/``wait()`` in progress, resolved by ``_finish``: awaiting
+        #: it directly costs one event-loop iteration less per job than ``shield(self._done)``
+        self._waiters: list[asyncio.Future[None]] = []
         self._result: Any = None
         self._exception: BaseException | None = None
         self._events: deque[Any] = deque()
@@ -111,7 +114,16 @@ class ProcessJob:
     # -- state ------------------------------------------------------------------------------
 
     def _set_status(self, status: JobStatus) -> None:
-        if status not in _TRANSITIONS[self.status]:
+        # the table by identity: hashing an enum member runs Python code (it is per-job work)
+        current = self.status
+        if current is JobStatus.QUEUED:
+            legal = status is not JobStatus.QUEUED
+        elif current is JobStatus.RUNNING:
+            legal = status is not JobStatus.QUEUED and status is not JobStatus.RUNNING
+        else:
+            legal = False
+        if not legal:
+            assert status not in _TRANSITIONS[current]
             raise RuntimeError(f"illegal job transition {self.status.name} -> {status.name}")
         self.status = status
 
@@ -146,6 +158,10 @@ class ProcessJob:
         self._result = result
         self._exception = exception
         self._done.set_result(None)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
         self._wake_consumer()
         for callback in self._callbacks:
             self._loop.call_soon(callback, self)
@@ -184,9 +200,22 @@ class ProcessJob:
     def __await__(self) -> Generator[Any, None, Any]:
         return self._result_when_done().__await__()
 
+    async def _until_done(self) -> None:
+        """Wait for the end of the job; cancelling the waiter does not touch the job."""
+        if self._done.done():
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done() or waiter.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
     async def _result_when_done(self) -> Any:
         try:
-            await asyncio.shield(self._done)
+            await self._until_done()
         except asyncio.CancelledError:
             if not self._done.done():
                 # like awaiting a Task: the awaiter's cancellation cancels the job; wait for
@@ -202,7 +231,7 @@ class ProcessJob:
 
         Cancellation: cancelling the waiter does not cancel the job.
         """
-        await asyncio.shield(self._done)
+        await self._until_done()
 
     async def cancel(self, grace: float | None = None) -> None:
         """Cancel the job and return once every process of its tree is gone.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ProcessLimits"]
@@ -35,26 +35,24 @@ class ProcessLimits:
     max_open_files: int | None = None
     env: Mapping[str, str] | None = None
     cwd: str | None = None
+    #: computed once (read for every job): whether any child-side limit is set
+    _in_child: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("timeout", "memory_bytes", "cpu_seconds", "max_open_files"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"ProcessLimits.{name} must be positive or None, got {value!r}")
+        in_child = any(
+            value is not None
+            for value in (self.memory_bytes, self.cpu_seconds, self.max_open_files, self.env)
+        )
+        object.__setattr__(self, "_in_child", in_child or self.cwd is not None)
 
     @property
     def applies_in_child(self) -> bool:
         """Whether the worker process must change itself (rlimits, env or cwd) for this job."""
-        return any(
-            value is not None
-            for value in (
-                self.memory_bytes,
-                self.cpu_seconds,
-                self.max_open_files,
-                self.env,
-                self.cwd,
-            )
-        )
+        return self._in_child
 
     def child_spec(self) -> dict[str, Any]:
         """The plain data the worker needs to apply the child-side limits."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import enum
 import os
+import pickle
 import signal
 import socket
 import warnings
@@ -108,6 +109,30 @@ class _Worker:
 
     def __repr__(self) -> str:
         return f"<worker {self.pid} {self.state.name}>"
+
+
+def _pickle_by_reference(job: object) -> bytes | None:
+    """``job`` pickled by the plain ``pickle`` module, when that is provably what cloudpickle
+    would produce; else ``None`` (the caller uses cloudpickle).
+
+    Plain pickle is about 5 times faster than cloudpickle, and for importable module-level
+    functions and classes both write the same by-reference pickle. It differs where cloudpickle
+    pickles by value: plain pickle refuses lambdas, closures and local classes (the lookup of
+    their qualified name fails), and the other cases name their module in the pickle: objects
+    of the host's ``__main__`` (a child never imports it) and of modules registered with
+    ``cloudpickle.register_pickle_by_value``. A pickle that contains one of those module names
+    anywhere (even in a string argument: a false alarm only costs the slow path) is dropped.
+    """
+    try:
+        data = pickle.dumps(job, protocol=cloudpickle.DEFAULT_PROTOCOL)
+    except Exception:
+        return None
+    if b"__main__" in data:
+        return None
+    for module in cloudpickle.list_registry_pickle_by_value():
+        if module.encode() in data:
+            return None
+    return data
 
 
 def _signal_name(signum: int) -> str:
@@ -376,8 +401,12 @@ class ProcessPool:
         limits: ProcessLimits,
     ) -> bytes:
         spec = limits.child_spec() if limits.applies_in_child else None
+        job = (fn, args, kwargs, spec)
+        fast = _pickle_by_reference(job)
+        if fast is not None:
+            return fast
         try:
-            return bytes(cloudpickle.dumps((fn, args, kwargs, spec)))
+            return bytes(cloudpickle.dumps(job))
         except Exception as exc:
             culprit = "the job"
             candidates: list[tuple[str, object]] = [("the function", fn)]

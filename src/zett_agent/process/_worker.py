@@ -23,6 +23,10 @@ from ._protocol import CLEAN_EXIT, FLAG_LAST, HEADER, RAW_TEXT_MIN
 
 __all__ = ["emit", "serve"]
 
+#: compact JSON; one encoder for every frame (``json.dumps`` with ``separators`` builds a new
+#: encoder for each call)
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
 _JSON_HINT = "JSON-compatible data (dict with str keys, list, str, int, float, bool, None)"
 
 
@@ -35,7 +39,7 @@ class _Channel:
         self.lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
-        payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
+        payload = _dumps(message).encode("utf-8")
         if len(payload) > self.max_frame_bytes:
             raise ValueError(
                 f"a {message['k']} of {len(payload)} bytes does not fit the pool's "
@@ -238,7 +242,7 @@ def _warm_up() -> None:
         return None
 
     fn, args, kwargs, _spec = cloudpickle.loads(cloudpickle.dumps((nothing, (1,), {"k": 2}, None)))
-    json.dumps({"k": "result", "v": fn(*args, **kwargs), "u": _usage()}, separators=(",", ":"))
+    _dumps({"k": "result", "v": fn(*args, **kwargs), "u": _usage()})
     HEADER.pack(0)
 
 
