@@ -1,14 +1,36 @@
-"""Suite-wide guards: every test must leave no process, zombie, thread or file descriptor behind."""
+"""Suite-wide guards and loops.
+
+Every test must leave no process, zombie, thread or file descriptor behind, and every async test
+runs twice: under the stdlib event loop and under uvloop.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import psutil
 import pytest
+import uvloop
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _uvloop_ready() -> None:
+    """Let libuv open its process-wide signal pipe before any test's fd snapshot is taken.
+
+    The first uvloop loop of a process opens a pipe that lives as long as the process; that is
+    libuv's global state, not a leak of the test that happens to run first.
+    """
+    uvloop.run(asyncio.sleep(0))
 
 
 def _open_fds() -> set[int]:

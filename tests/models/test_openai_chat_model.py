@@ -624,7 +624,6 @@ def test_works_in_a_freshly_spawned_interpreter() -> None:
     assert servers[0].requests[0].body["messages"] == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.usefixtures("uvloop_ready")
 def test_runs_under_uvloop() -> None:
     reply = Reply(chunks=sse(chunk({"content": "first"}), done=False), hold=True)
 
