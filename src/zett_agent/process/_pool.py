@@ -714,7 +714,7 @@ class ProcessPool:
                 if frame is None:
                     if worker.exit_report is not None:
                         self._bury(worker)
-                    elif not worker.eof:
+                    elif not worker.eof and not worker.reading:
                         self._start_reading(worker)
                     return
                 try:
@@ -820,7 +820,8 @@ class ProcessPool:
             return  # being killed: it ends with the kill's reason once the tree is gone
         worker.job = None
         self._busy.pop(job, None)
-        self._clear_timers(worker)
+        if worker.timeout_timer or worker.term_timer or worker.eof_timer:
+            self._clear_timers(worker)
         job._finish(status, result=result, exception=error, cpu=cpu, peak_rss=peak)
         worker.jobs_done += 1
         if worker.last_sent or self._closed or worker.exit_report is not None:

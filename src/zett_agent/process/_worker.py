@@ -143,6 +143,32 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def _recv_frame(sock: socket.socket, buffer: bytearray) -> bytes | None:
+    """The next frame's payload (None at end of stream). One ``recv`` usually brings the
+    header and a small job together; ``buffer`` keeps what arrived beyond the frame."""
+    while len(buffer) < HEADER.size:
+        chunk = sock.recv(_RECV_SIZE)
+        if not chunk:
+            return None
+        buffer += chunk
+    (size,) = HEADER.unpack_from(buffer)
+    end = HEADER.size + size
+    if len(buffer) >= end:
+        body = bytes(buffer[HEADER.size : end])
+        del buffer[:end]
+        return body
+    rest = _recv_exactly(sock, end - len(buffer))
+    if rest is None:
+        return None
+    body = b"".join((buffer[HEADER.size :], rest))
+    buffer.clear()
+    return body
+
+
+#: bytes asked for by one ``recv`` of the job loop
+_RECV_SIZE = 1 << 16
+
+
 def _usage() -> dict[str, float]:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -190,7 +216,7 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _run(payload: bytes) -> Any:
+def _run(payload: bytes | memoryview) -> Any:
     import cloudpickle
 
     fn, args, kwargs, spec = cloudpickle.loads(payload)
@@ -265,18 +291,15 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
     if not select.select([sock], [], [], _WARM_UP_AFTER)[0]:
         _warm_up()
     me = os.getpid()
+    received = bytearray()
     while True:
-        header = _recv_exactly(sock, HEADER.size)
-        if header is None:
-            break
-        (size,) = HEADER.unpack(header)
-        body = _recv_exactly(sock, size)
+        body = _recv_frame(sock, received)
         if body is None:
             break
         last = body[0] & FLAG_LAST
         try:
             try:
-                result = _run(body[1:])
+                result = _run(memoryview(body)[1:])  # no copy of large arguments
             finally:
                 if os.getpid() != me:
                     # a process the job forked returned from the job: the answer is ours
