@@ -76,6 +76,7 @@ def test_arbitrary_bytes_give_frames_within_the_cap_or_a_frame_error(
     assert decoder.buffered <= CAP + HEADER.size + len(garbage)
 
 
+@settings(deadline=None)
 @given(size=st.integers(min_value=CAP + 1, max_value=2**32 - 1))
 def test_a_header_over_the_cap_is_refused_before_any_body_arrives(size: int) -> None:
     decoder = FrameDecoder(CAP)
@@ -95,12 +96,14 @@ json_values = st.recursive(
 )
 
 
+@settings(deadline=None)
 @given(kind=st.sampled_from(sorted(KINDS)), value=json_values)
 def test_every_json_message_of_a_known_kind_decodes_to_itself(kind: str, value: object) -> None:
     message = {"k": kind, "v": value}
     assert decode_message(json.dumps(message).encode()) == message
 
 
+@settings(deadline=None)
 @given(data=st.binary(max_size=512) | st.text(max_size=200).map(str.encode))
 def test_any_other_bytes_decode_to_a_known_message_or_a_frame_error(data: bytes) -> None:
     try:
