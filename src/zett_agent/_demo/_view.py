@@ -26,19 +26,10 @@ def _mib(value: Any) -> str:
 
 def task_table(infos: list[dict[str, Any]], title: str = "background tasks") -> Table:
     table = Table(title=title, expand=True)
-    for column in (
-        "task",
-        "type",
-        "status",
-        "pid",
-        "CPU s",
-        "peak mem",
-        "turns",
-        "last tool",
-        "elapsed",
-        "result",
-    ):
-        table.add_column(column, no_wrap=column not in ("result",), overflow="fold")
+    headers = ("task", "type", "status", "pid", "CPU s", "mem", "turns", "last tool", "time")
+    for column in headers:
+        table.add_column(column, no_wrap=True)
+    table.add_column("result", no_wrap=True, overflow="ellipsis", min_width=20, ratio=1)
     for info in infos:
         status = str(info.get("status", ""))
         detail = str(info.get("content") or info.get("error") or info.get("description", ""))
