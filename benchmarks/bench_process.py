@@ -38,44 +38,19 @@ from typing import Any
 
 import psutil
 
-from zett_agent.process import ProcessPool, emit
+from zett_agent.process import ProcessPool
 
 WORKERS = 2
 BIG = 32 * 1024 * 1024
 
-# -- job functions (module level, so every peer can pickle them) ------------------------------
+# Job functions live in an importable module, so every pool (ours included) sends them by
+# reference, as a library's functions would be; functions defined in ``__main__`` travel by
+# value in zett_agent (its children never re-run the host's ``__main__``), which costs more.
+from _bench_jobs import big_result, burn, noop, spin_emit, spin_report, streamer  # noqa: E402
 
-
-def noop(*_: Any) -> None:
-    return None
-
-
-def spin_report(path: str) -> None:
-    """Publish this process's pid in ``path``, then burn CPU forever."""
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w") as stream:
-        stream.write(str(os.getpid()))
-    os.rename(tmp, path)
-    while True:
-        pass
-
-
-def burn(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i * i
-    return total
-
-
-def big_result(n: int) -> str:
-    return "x" * n
-
-
-def streamer(n: int) -> int:
-    for i in range(n):
-        emit({"i": i})
-    return n
-
+#: imported once in our launcher, so a fresh worker does not import it per job (what the
+#: ``preload`` option is for); the peers' long-lived workers import it once each
+JOBS = ("_bench_jobs",)
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -134,7 +109,7 @@ Result = dict[str, Any]
 async def _ours(reuse: bool, n: int, quick: bool) -> Result:
     res: Result = {}
     jobs_per_worker = 1_000_000 if reuse else 1
-    async with ProcessPool(WORKERS, max_jobs_per_worker=jobs_per_worker) as pool:
+    async with ProcessPool(WORKERS, max_jobs_per_worker=jobs_per_worker, preload=JOBS) as pool:
         for _ in range(20):
             await pool.submit(noop)
         lat = []
@@ -156,7 +131,7 @@ async def _ours(reuse: bool, n: int, quick: bool) -> Result:
         # cancel
         dead, nxt = [], []
         for _ in range(10 if quick else 30):
-            job = pool.submit(_spin_emit)
+            job = pool.submit(spin_emit)
             pid = None
             async for pid in job.events():  # noqa: B007 - the first event is the pid
                 break
@@ -182,15 +157,9 @@ async def _ours(reuse: bool, n: int, quick: bool) -> Result:
     return res
 
 
-def _spin_emit() -> None:
-    emit(os.getpid())
-    while True:
-        pass
-
-
 async def _ours_extra(quick: bool) -> Result:
     res: Result = {}
-    async with ProcessPool(WORKERS) as pool:
+    async with ProcessPool(WORKERS, preload=JOBS) as pool:
         await pool.submit(noop)
         work = 2_000_000 if quick else 6_000_000
         t = time.perf_counter()

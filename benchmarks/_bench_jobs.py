@@ -1,0 +1,45 @@
+"""Job functions of ``bench_process.py``, importable so every pool sends them by reference."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from zett_agent.process import emit
+
+
+def noop(*_: Any) -> None:
+    return None
+
+
+def spin_report(path: str) -> None:
+    """Publish this process's pid in ``path``, then burn CPU forever."""
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as stream:
+        stream.write(str(os.getpid()))
+    os.rename(tmp, path)
+    while True:
+        pass
+
+
+def burn(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def big_result(n: int) -> str:
+    return "x" * n
+
+
+def streamer(n: int) -> int:
+    for i in range(n):
+        emit({"i": i})
+    return n
+
+
+def spin_emit() -> None:
+    emit(os.getpid())
+    while True:
+        pass
