@@ -11,7 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -30,6 +30,7 @@ from _subagent_models import (
 from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
+from zett_agent.extensions._inprocess import InProcessRunner
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -43,6 +44,21 @@ from zett_agent.process import ProcessLimits
 from zett_agent.tools import AgentTool
 
 HANG_GUARD = 60
+
+E = TypeVar("E", bound=AsyncSubAgentExtension)
+
+
+@pytest.fixture(params=["process", "in-process"])
+def runner(request: pytest.FixtureRequest) -> str:
+    """Registry semantics hold whatever runs the children: processes, or a test double."""
+    return str(request.param)
+
+
+def build(cls: type[E], runner: str, *args: Any, **kwargs: Any) -> E:
+    extension = cls(*args, **kwargs)
+    if runner == "in-process":
+        extension._runner = InProcessRunner()  # type: ignore[assignment]
+    return extension
 
 
 def worker(
@@ -113,8 +129,8 @@ async def test_child_runs_in_its_own_process_and_reports_progress() -> None:
     assert gone(child_pid)
 
 
-async def test_tasks_are_visible_only_to_their_session() -> None:
-    async with AsyncSubAgentExtension([worker(ChildModel("hi"))]) as extension:
+async def test_tasks_are_visible_only_to_their_session(runner: str) -> None:
+    async with build(AsyncSubAgentExtension, runner, [worker(ChildModel("hi"))]) as extension:
         await run_parent(
             extension,
             [call("task_start", subagent_type="worker", description="d", prompt="p"), final()],
@@ -133,8 +149,10 @@ async def test_tasks_are_visible_only_to_their_session() -> None:
             extension.get_task("a", "task-9")
 
 
-async def test_max_concurrent_refuses_and_lists_running_tasks() -> None:
-    async with AsyncSubAgentExtension([worker(BlockingModel())], max_concurrent=1) as extension:
+async def test_max_concurrent_refuses_and_lists_running_tasks(runner: str) -> None:
+    async with build(
+        AsyncSubAgentExtension, runner, [worker(BlockingModel())], max_concurrent=1
+    ) as extension:
         _, model = await run_parent(
             extension,
             [
@@ -151,14 +169,16 @@ async def test_max_concurrent_refuses_and_lists_running_tasks() -> None:
     assert task.status is SubAgentTaskStatus.CANCELLED
 
 
-async def test_oldest_finished_task_is_evicted_and_reported_as_such() -> None:
+async def test_oldest_finished_task_is_evicted_and_reported_as_such(runner: str) -> None:
     def start_and_read(description: str) -> list[Any]:
         return [
             call("task_start", subagent_type="worker", description=description, prompt="p"),
             lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
         ]
 
-    async with AsyncSubAgentExtension([worker(ChildModel("ok"))], max_retained=1) as extension:
+    async with build(
+        AsyncSubAgentExtension, runner, [worker(ChildModel("ok"))], max_retained=1
+    ) as extension:
         _, model = await run_parent(
             extension,
             [
@@ -194,10 +214,16 @@ def notices(request: ModelRequest) -> list[AgentMessage]:
     return [m for m in request.messages if isinstance(m, AgentMessage)]
 
 
-async def test_finished_task_is_announced_once_before_the_next_model_call() -> None:
-    extension = SignallingExtension([worker(ChildModel("report"))])
+async def test_finished_task_is_announced_once_before_the_next_model_call(
+    tmp_path: Path, runner: str
+) -> None:
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    extension = build(SignallingExtension, runner, [worker(GateModel(str(gate), "report"))])
 
-    async def pause() -> str:
+    async def release_and_wait() -> str:
+        # The child cannot finish before this: it waits for the gate.
+        await asyncio.to_thread(gate.write_bytes, b"go")
         await extension.finished.wait()
         return "the child finished meanwhile"
 
@@ -206,27 +232,33 @@ async def test_finished_task_is_announced_once_before_the_next_model_call() -> N
             extension,
             [
                 call("task_start", subagent_type="worker", description="bg", prompt="p"),
-                call("pause"),
-                call("pause"),
+                call("release_and_wait"),
+                call("task_list"),
                 final(),
             ],
-            tools=(AgentTool("pause", "wait", {"type": "object", "properties": {}}, pause),),
+            tools=(
+                AgentTool(
+                    "release_and_wait", "", {"type": "object", "properties": {}}, release_and_wait
+                ),
+            ),
         )
     counts = [len(notices(r)) for r in model.requests]
-    assert counts == [0, 0, 1, 1]
+    assert counts == [0, 0, 1, 1]  # announced before the call after it finished, then only kept
     [notice] = notices(model.requests[-1])
     assert "task-1" in notice.content and "completed" in notice.content
     assert notice.source == "SignallingExtension"
     assert extension.started == ["task-1"]
 
 
-async def test_task_finished_while_idle_is_announced_at_the_next_request(tmp_path: Path) -> None:
+async def test_task_finished_while_idle_is_announced_at_the_next_request(
+    tmp_path: Path, runner: str
+) -> None:
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     model = StepModel(
         [call("task_start", subagent_type="worker", description="bg", prompt="p"), final()]
     )
-    async with AsyncSubAgentExtension([worker(GateModel(str(gate)))]) as extension:
+    async with build(AsyncSubAgentExtension, runner, [worker(GateModel(str(gate)))]) as extension:
         client = await create_agent(
             model, config=AgentRunConfig(session_id="parent"), extensions=[extension]
         )
@@ -246,7 +278,7 @@ async def test_task_finished_while_idle_is_announced_at_the_next_request(tmp_pat
     assert "task-1" in notice.content and "completed" in notice.content
 
 
-async def test_task_read_through_a_tool_is_not_announced(tmp_path: Path) -> None:
+async def test_task_read_through_a_tool_is_not_announced(tmp_path: Path, runner: str) -> None:
     gate = tmp_path / "gate"
     os.mkfifo(gate)
 
@@ -269,7 +301,7 @@ async def test_task_read_through_a_tool_is_not_announced(tmp_path: Path) -> None
         ]
     )
     release_tool = AgentTool("release", "", {"type": "object", "properties": {}}, release)
-    async with AsyncSubAgentExtension([worker(GateModel(str(gate)))]) as extension:
+    async with build(AsyncSubAgentExtension, runner, [worker(GateModel(str(gate)))]) as extension:
         client = await create_agent(
             model,
             config=AgentRunConfig(session_id="parent"),
@@ -289,11 +321,11 @@ class Silent(SignallingExtension):
         return None
 
 
-async def test_completion_notice_returning_none_silences_it() -> None:
+async def test_completion_notice_returning_none_silences_it(runner: str) -> None:
     model = StepModel(
         [call("task_start", subagent_type="worker", description="bg", prompt="p"), final(), final()]
     )
-    async with Silent([worker(ChildModel("report"))]) as extension:
+    async with build(Silent, runner, [worker(ChildModel("report"))]) as extension:
         client = await create_agent(
             model, config=AgentRunConfig(session_id="parent"), extensions=[extension]
         )
@@ -304,7 +336,9 @@ async def test_completion_notice_returning_none_silences_it() -> None:
     assert [len(notices(r)) for r in model.requests] == [0, 0, 0]
 
 
-async def test_bad_tool_arguments_come_back_as_failed_results_and_the_request_goes_on() -> None:
+async def test_bad_tool_arguments_come_back_as_failed_results_and_the_request_goes_on(
+    runner: str,
+) -> None:
     bad_calls = AssistantMessage(
         tool_calls=(
             call("task_start", subagent_type="nope", description="d", prompt="p").tool_calls[0],
@@ -315,7 +349,7 @@ async def test_bad_tool_arguments_come_back_as_failed_results_and_the_request_go
             call("task_cancel", task_id=7).tool_calls[0],
         )
     )
-    async with AsyncSubAgentExtension([worker(ChildModel("ok"))]) as extension:
+    async with build(AsyncSubAgentExtension, runner, [worker(ChildModel("ok"))]) as extension:
         content, model = await run_parent(extension, [bad_calls, final("recovered")])
         assert extension.tasks("parent") == ()
     results = tool_results(model.requests[-1])
@@ -433,17 +467,26 @@ class TerseNotices(SignallingExtension):
         return f"{task.task_id} is {task.status.value}."
 
 
-async def test_subclass_drops_task_cancel_and_writes_terse_notices() -> None:
-    async with TerseNotices([worker(ChildModel("ok"))]) as extension:
-        _, first = await run_parent(
-            extension,
-            [call("task_start", subagent_type="worker", description="d", prompt="p"), final()],
+async def test_subclass_drops_task_cancel_and_writes_terse_notices(
+    tmp_path: Path, runner: str
+) -> None:
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    model = StepModel(
+        [call("task_start", subagent_type="worker", description="d", prompt="p"), final(), final()]
+    )
+    async with build(TerseNotices, runner, [worker(GateModel(str(gate)))]) as extension:
+        client = await create_agent(
+            model, config=AgentRunConfig(session_id="parent"), extensions=[extension]
         )
-        await asyncio.wait_for(extension.finished.wait(), HANG_GUARD)
-        _, second = await run_parent(extension, [final()])
-    offered = {spec.name for spec in first.requests[0].tools}
+        async with client, asyncio.timeout(HANG_GUARD):
+            await client.run("first")  # the child waits for the gate until this ends
+            await asyncio.to_thread(gate.write_bytes, b"go")
+            await extension.finished.wait()
+            await client.run("second")
+    offered = {spec.name for spec in model.requests[0].tools}
     assert offered == {"task_start", "task_list", "task_status", "task_output"}
-    assert [n.content for n in notices(second.requests[0])] == ["task-1 is completed."]
+    assert [n.content for n in notices(model.requests[2])] == ["task-1 is completed."]
 
 
 class CustomChildren(AsyncSubAgentExtension):
@@ -577,10 +620,11 @@ def test_children_defined_in_main_work_and_main_is_not_rerun(tmp_path: Path) -> 
 
 async def test_cancelling_a_waiter_leaves_the_task_running_and_cancel_leaves_a_finished_task(
     tmp_path: Path,
+    runner: str,
 ) -> None:
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    async with AsyncSubAgentExtension([worker(GateModel(str(gate)))]) as extension:
+    async with build(AsyncSubAgentExtension, runner, [worker(GateModel(str(gate)))]) as extension:
         await run_parent(
             extension,
             [call("task_start", subagent_type="worker", description="d", prompt="p"), final()],

@@ -8,7 +8,7 @@ progress with ``zett_agent.process.emit`` and returns a JSON-compatible report.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,7 +43,7 @@ class ProgressModel:
     ``_create_child`` builds, as long as it uses the model it was given.
     """
 
-    def __init__(self, inner: Model, emit: Any) -> None:
+    def __init__(self, inner: Model, emit: Callable[[Any], None]) -> None:
         self.inner = inner
         self.retry: RetryOptions = inner.retry
         self._emit = emit
@@ -67,13 +67,18 @@ class ProgressModel:
             yield event
 
 
-async def run_child(spec: ChildSpec) -> dict[str, Any]:
+async def run_child(spec: ChildSpec, emit: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Build the child agent, run its prompt, return ``{"content": ..., ...}``.
 
+    Progress goes to ``emit`` (default: ``zett_agent.process.emit``, to the parent's pipe).
     Raises whatever the child agent raises; the engine reports it to the parent as ``JobFailed``.
     """
     from zett_agent.agent import AgentRunConfig
-    from zett_agent.process import emit
+
+    if emit is None:
+        from zett_agent.process import emit as to_parent
+
+        emit = to_parent
 
     started = time.monotonic()
     model = ProgressModel(spec.model, emit)
