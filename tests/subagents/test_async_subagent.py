@@ -640,3 +640,21 @@ async def test_cancelling_a_waiter_leaves_the_task_running_and_cancel_leaves_a_f
         assert (await extension.wait(task, HANG_GUARD)).status is SubAgentTaskStatus.COMPLETED
         assert (await extension.cancel(task)).status is SubAgentTaskStatus.COMPLETED
         assert task.output == "released"
+
+
+async def test_a_shared_pool_is_started_on_demand_and_left_open_by_close() -> None:
+    from zett_agent.process import ProcessPool
+
+    pool = ProcessPool(max_workers=2)  # not started: the extension starts it when needed
+    extension = AsyncSubAgentExtension([worker(ChildModel("shared"))], pool=pool)
+    try:
+        async with extension:
+            await run_parent(
+                extension,
+                [call("task_start", subagent_type="worker", description="d", prompt="p"), final()],
+            )
+            [task] = extension.tasks("parent")
+            assert (await extension.wait(task, HANG_GUARD)).output == "shared"
+        assert await pool.submit(len, "still open") == 10  # close() left the shared pool alone
+    finally:
+        await pool.close()

@@ -77,6 +77,7 @@ class ChildRunner:
 
     async def pool(self) -> ProcessPool:
         if self._shared is not None:
+            await self._shared.start()  # no-op once started; the application still closes it
             return self._shared
         if self._closed:
             raise RuntimeError("this extension is closed; create a new one to start tasks")
