@@ -252,6 +252,16 @@ class ProcessPool:
             f"queued={len(self._queue)} idle={len(self._idle)}>"
         )
 
+    @property
+    def running(self) -> int:
+        """Jobs running now (each in its own worker process); at most ``max_workers``."""
+        return len(self._busy)
+
+    @property
+    def queued(self) -> int:
+        """Jobs submitted and waiting for a worker because ``max_workers`` are running."""
+        return len(self._queue)
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> ProcessPool:
