@@ -106,3 +106,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "allow_leaks: opt out of the leak guard (use sparingly)")
+    config.addinivalue_line(
+        "markers", "ray_destroys_cluster: runs after every other Ray test (it kills the cluster)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the Ray tests last, the one that kills the cluster at the very end.
+
+    The session's Ray cluster is torn down when the session ends: with the Ray tests last, no
+    other test shares the 2 cores with Ray's daemons.
+    """
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("ray_destroys_cluster"):
+            return 2
+        return 1 if item.get_closest_marker("ray") else 0
+
+    items.sort(key=rank)  # stable: the order within each group stays
