@@ -1,0 +1,21 @@
+"""Ray is an optional extra: importing zett_agent (runners included) never imports it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_importing_zett_agent_never_imports_ray() -> None:
+    code = (
+        "import sys\n"
+        "import zett_agent, zett_agent.agent, zett_agent.client, zett_agent.process\n"
+        "import zett_agent.runners, zett_agent.extensions.async_subagent\n"
+        "import zett_agent.extensions.subagent, zett_agent.cli\n"
+        "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
+        "print(loaded)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
