@@ -95,6 +95,12 @@ class Host:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         psutil.wait_procs(workers, timeout=10)
+        # and the workers its raylet started meanwhile, now orphans of this subreaper
+        daemons = self.daemons()
+        for proc in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if proc.pid not in daemons and " ".join(proc.cmdline()).startswith("ray::"):
+                    proc.kill()
         self._reap()
         return {}
 

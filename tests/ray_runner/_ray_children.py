@@ -96,3 +96,10 @@ def allocate(megabytes: int) -> int:
 def wait_forever() -> None:
     emit({"pid": os.getpid()})
     time.sleep(3600)
+
+
+def burn_span(seconds: float) -> list[float]:
+    """``burn`` that reports when it started and ended (CLOCK_MONOTONIC is machine-wide)."""
+    started = time.monotonic()
+    burn(seconds)
+    return [started, time.monotonic()]

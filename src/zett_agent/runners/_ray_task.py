@@ -41,6 +41,8 @@ __all__ = ["emit", "kill_tree", "run_task", "run_task_fresh", "run_task_reused"]
 PR_SET_CHILD_SUBREAPER = 36
 #: names the processes of one task, inherited through ``fork``/``exec`` unless a child drops it
 MARKER = "ZETT_RAY_TASK"
+#: where a task notes its start in the cluster's key-value store
+KV_NAMESPACE = "zett_agent"
 #: events buffered in the worker before ``emit`` blocks (backpressure)
 MAX_BUFFERED_EVENTS = 1000
 
@@ -213,7 +215,13 @@ def run_task(
     node = ray.get_runtime_context().get_node_id()
     crash_file = os.path.join(tempfile.gettempdir(), f"zett-ray-{token}.crash")
     crash = open(crash_file, "w")  # noqa: SIM115 (closed in finally)
-    yield _dumps("start", pid=me, start=_start_time(me), node=node, crash_file=crash_file)
+    start = _dumps("start", pid=me, start=_start_time(me), node=node, crash_file=crash_file)
+    # Also in the cluster's key-value store: a worker that dies at once may never deliver the
+    # first message, and the parent still needs to know where to look for the crash note.
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(f"zett-ray/{token}", start, namespace=KV_NAMESPACE)
+    yield start
     faulthandler.enable(file=crash, all_threads=True)
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     os.environ[MARKER] = token
@@ -273,6 +281,8 @@ def run_task(
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
         os.environ.pop(MARKER, None)
         faulthandler.enable()  # back to stderr
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(f"zett-ray/{token}", namespace=KV_NAMESPACE)
         for handle in (crash, xcpu):
             handle.close()
             with contextlib.suppress(OSError):

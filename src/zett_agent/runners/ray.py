@@ -287,7 +287,12 @@ class RayJob:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Ray's own errors: the worker, the node, the cluster
-            error = await self._ray_error(exc)
+            if final is None:
+                error = await self._ray_error(exc)
+            else:
+                # the child's outcome arrived; a fresh worker (max_calls=1) that exits right
+                # after can make Ray report its lease failed (seen on Ray 2.60): not the child's
+                log.debug("Ray error after the outcome of %s: %s", self.name, _first_line(exc))
         self._finish(final, error)
 
     async def _ray_error(self, error: BaseException) -> BaseException:
@@ -298,6 +303,8 @@ class RayJob:
         if isinstance(error, rex.NodeDiedError | rex.LocalRayletDiedError):
             return NodeLost(self.node_id, _first_line(error))
         if isinstance(error, rex.WorkerCrashedError | rex.OutOfMemoryError):
+            if self.node_id is None:
+                self._start_from_kv()
             if self.node_id is not None and not await self._runner._node_alive(self.node_id):
                 return NodeLost(self.node_id, _first_line(error))
             signal_name = await self._crash_signal()
@@ -312,7 +319,24 @@ class RayJob:
             return PoolClosed("the RayRunner was closed before the child finished")
         return NodeLost(self.node_id, f"{type(error).__name__}: {_first_line(error)}")
 
+    def _start_from_kv(self) -> None:
+        """Learn where the child ran from the note its task left in the cluster's store."""
+        from ray.experimental import internal_kv
+
+        key = f"zett-ray/{self._token}"
+        try:
+            note = internal_kv._internal_kv_get(key, namespace=_ray_task.KV_NAMESPACE)
+            internal_kv._internal_kv_del(key, namespace=_ray_task.KV_NAMESPACE)
+        except Exception:
+            return
+        if note:
+            start = json.loads(note)
+            self.node_id = str(start["node"])
+            self._crash_file = str(start["crash_file"])
+
     async def _crash_signal(self) -> str | None:
+        if self.node_id is None:
+            self._start_from_kv()
         if self.node_id is None or self._crash_file is None:
             return None
         reaper = self._runner._reaper(self.node_id)
