@@ -78,9 +78,13 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "result not JSON": (
         _jobs.return_unserializable,
         (),
-        _check_failed("TypeError", "results must be JSON-compatible"),
+        _check_failed("TypeError", "results must be JSON data"),
     ),
-    "garbage bytes": (_jobs.write_garbage, (b"\xff" * 64,), _check_protocol("exceeds")),
+    "garbage bytes": (
+        _jobs.write_garbage,
+        (b"\xff" * 64,),
+        _check_protocol("larger than any frame"),
+    ),
     "invalid JSON": (_jobs.write_garbage, (_frame(b"{nope"),), _check_protocol("not valid JSON")),
     "invalid UTF-8": (_jobs.write_garbage, (_frame(b'"\xff"'),), _check_protocol("UTF-8")),
     "unknown kind": (_jobs.write_garbage, (_frame(b'{"k":"hello"}'),), _check_protocol("kind")),
@@ -88,7 +92,12 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "oversized frame": (
         _jobs.write_garbage,
         (HEADER.pack(1 << 30) + b"x" * 100,),
-        _check_protocol("max_frame_bytes"),
+        _check_protocol("larger than any frame"),
+    ),
+    "oversized JSON frame": (
+        _jobs.write_garbage,
+        (_frame(b'{"k":"event","v":"' + b"x" * (1 << 17) + b'"}'),),
+        _check_protocol("at most 65536"),
     ),
 }
 
@@ -143,7 +152,7 @@ async def test_protocol_error_kills_the_worker() -> None:
         job = pool.submit(_jobs.write_garbage, _frame(b"[]"))
         error = await outcome(job)
         assert isinstance(error, ProtocolError)
-        assert "unknown kind" in str(error)
+        assert "not a message object" in str(error)
 
 
 async def test_remote_traceback_is_kept() -> None:
