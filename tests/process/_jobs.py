@@ -211,3 +211,20 @@ def fork_and_return() -> int:
 
 def echo_size(data: str) -> int:
     return len(data)
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def echo_value(value: Any) -> Any:
+    return value
+
+
+def fork_many(n: int) -> int:
+    """Fork ``n`` sleepers (a fork beyond the tree's process limit raises)."""
+    for _ in range(n):
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+    return n

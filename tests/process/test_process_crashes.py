@@ -104,11 +104,11 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_crash_gives_typed_error_and_sibling_completes(
-    case: str, fifo: tuple[str, int]
+    case: str, fifo: tuple[str, int], containment: str
 ) -> None:
     fn, args, check = CASES[case]
     path, keep = fifo
-    async with ProcessPool(2) as pool:
+    async with ProcessPool(2, containment=containment) as pool:
         sibling = pool.submit(_jobs.wait_for_go, path)
         assert await first_event(sibling) == "ready"
         job = pool.submit(fn, *args)
@@ -129,9 +129,10 @@ async def test_crash_gives_typed_error_and_sibling_completes(
 
 async def test_killed_from_outside_is_a_crash_and_sibling_completes(
     fifo: tuple[str, int],
+    containment: str,
 ) -> None:
     path, keep = fifo
-    async with ProcessPool(2) as pool:
+    async with ProcessPool(2, containment=containment) as pool:
         sibling = pool.submit(_jobs.wait_for_go, path)
         victim = pool.submit(_jobs.ready_then_sleep)
         assert await first_event(sibling) == "ready"
@@ -147,16 +148,16 @@ async def test_killed_from_outside_is_a_crash_and_sibling_completes(
             assert await sibling == "ok"
 
 
-async def test_protocol_error_kills_the_worker() -> None:
-    async with ProcessPool(1) as pool:
+async def test_protocol_error_kills_the_worker(containment: str) -> None:
+    async with ProcessPool(1, containment=containment) as pool:
         job = pool.submit(_jobs.write_garbage, _frame(b"[]"))
         error = await outcome(job)
         assert isinstance(error, ProtocolError)
         assert "not a message object" in str(error)
 
 
-async def test_remote_traceback_is_kept() -> None:
-    async with ProcessPool(1) as pool:
+async def test_remote_traceback_is_kept(containment: str) -> None:
+    async with ProcessPool(1, containment=containment) as pool:
         error = await outcome(pool.submit(_jobs.raise_value_error))
     assert isinstance(error, JobFailed)
     assert "raise_value_error" in error.traceback_text

@@ -196,8 +196,12 @@ class PoolCgroup:
     time no longer match a live process): everything in those cgroups is killed first.
     """
 
-    def __init__(self, path: str, controllers: frozenset[str]) -> None:
+    def __init__(
+        self, path: str, controllers: frozenset[str], stale: list[str] | None = None
+    ) -> None:
         self.path = path
+        #: cgroups of dead hosts' pools, killed but not empty yet: ``remove_stale`` later
+        self.stale = stale or []
         self.launcher = f"{path}/launcher"
         self.workers = f"{path}/workers"
         #: controllers enabled for the worker cgroups (``pids``, ``memory``, ``cpu``)
@@ -214,7 +218,7 @@ class PoolCgroup:
         if problem is not None or host is None:
             raise OSError(errno.EPERM, problem or "no cgroup v2")
         base = f"{host}/{DIR_NAME}"
-        remove_stale(base)
+        stale = remove_stale(base)
         controllers = _enable(base)
         me = os.getpid()
         path = f"{base}/pool-{me}-{_start_time(me)}-{next(_counter)}"
@@ -227,7 +231,7 @@ class PoolCgroup:
         except BaseException:
             remove_tree(path)
             raise
-        return cls(path, controllers)
+        return cls(path, controllers, stale)
 
     def remove(self) -> bool:
         """Kill whatever is left in the pool's cgroups and remove them; True if all are gone.
@@ -261,12 +265,14 @@ def _enable(cgroup: str, wanted: frozenset[str] | None = None) -> frozenset[str]
     return frozenset(enabled)
 
 
-def remove_stale(base: str) -> None:
-    """Kill and remove the pool cgroups in ``base`` whose host process is gone."""
+def remove_stale(base: str) -> list[str]:
+    """Kill and remove the pool cgroups in ``base`` whose host process is gone; return those
+    that are not empty yet (their processes were killed; the exits take a moment)."""
+    left: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:
-        return
+        return left
     for name in names:
         parts = name.split("-")
         if len(parts) != 4 or parts[0] != "pool" or not parts[1].isdigit():
@@ -275,6 +281,6 @@ def remove_stale(base: str) -> None:
             continue  # its host lives: not ours to touch
         path = f"{base}/{name}"
         kill(path)
-        # the kill is synchronous for signalling; exits take a moment: remove what is empty
-        # now, and the rest is found again by the next pool that starts
-        remove_tree(path)
+        if not remove_tree(path):
+            left.append(path)
+    return left

@@ -136,6 +136,7 @@ class CgroupContainment(Containment):
         self._watched: dict[int, Tree] = {}
         #: (launcher pidfd, done) of a lost launcher being killed
         self._lost: list[tuple[int, Callable[[], None]]] = []
+        self._stale_timer: asyncio.TimerHandle | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         super().open(loop)
@@ -147,6 +148,19 @@ class CgroupContainment(Containment):
         )
         self._inotify = Inotify()
         loop.add_reader(self._inotify.fd, self._on_inotify)
+        if self._pool.stale:
+            self._remove_stale(0)
+
+    def _remove_stale(self, attempt: int) -> None:
+        """Remove what dead hosts' pools left, once their killed processes exited (retried a
+        few times: an exit takes milliseconds, one stuck in the kernel longer; what is still
+        there after that is left for the next pool)."""
+        assert self._pool is not None and self._loop is not None
+        self._pool.stale = [path for path in self._pool.stale if not _cgroup.remove_tree(path)]
+        if self._pool.stale and attempt < 40:
+            self._stale_timer = self._loop.call_later(0.05, self._remove_stale, attempt + 1)
+        else:
+            self._stale_timer = None
 
     @property
     def path(self) -> str:
@@ -278,6 +292,9 @@ class CgroupContainment(Containment):
         super().forget(tree)
 
     def close(self) -> None:
+        if self._stale_timer is not None:
+            self._stale_timer.cancel()
+            self._stale_timer = None
         if self._inotify is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._inotify.fd)

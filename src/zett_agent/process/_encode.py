@@ -42,39 +42,86 @@ def _refuse(keys: list[Any], what: str) -> TypeError:
     return TypeError(f"at {_path(keys)}: {what}")
 
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+_CONTAINER_TYPES = (dict, list, tuple)
+
+
 def check_value(value: Any) -> None:
     """Raise ``TypeError`` naming the path of the first thing JSON would not carry faithfully.
 
-    Iterative (no recursion limit), visits each container once.
+    Iterative (no recursion limit); each container is visited once however often it appears
+    (so a cycle passes here: ``Encoder`` refuses it when it encodes), the types of a
+    container's members are gathered at C speed (``map``), and paths are only worked out for
+    the error message.
     """
-    # (value, its path); a cycle shows as nesting beyond MAX_DEPTH
-    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item, keys = stack.pop()
-        if isinstance(item, _SCALARS):
+        item, depth = stack.pop()
+        if id(item) in seen:
             continue
+        seen.add(id(item))
         if isinstance(item, dict):
-            if len(keys) >= MAX_DEPTH:
-                raise _refuse(keys, f"nesting deeper than {MAX_DEPTH} levels (or a cycle)")
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise _refuse(
-                        [*keys, key],
-                        f"a dict key of type {type(key).__name__} ({key!r:.40}), which JSON "
-                        "would turn into a string",
-                    )
-                if not isinstance(child, _SCALARS):
-                    stack.append((child, [*keys, key]))
+            if not set(map(type, item)) <= {str} and not all(isinstance(k, str) for k in item):
+                raise _find(value, _bad_key)
+            members: Any = item.values()
         elif isinstance(item, list | tuple):
-            if len(keys) >= MAX_DEPTH:
-                raise _refuse(keys, f"nesting deeper than {MAX_DEPTH} levels (or a cycle)")
-            for index, child in enumerate(item):
-                if not isinstance(child, _SCALARS):
-                    stack.append((child, [*keys, index]))
+            members = item
+        elif isinstance(item, _SCALARS):
+            continue
         else:
-            raise _refuse(
-                keys, f"an object of type {type(item).__name__} ({item!r:.60}), not JSON data"
-            )
+            raise _find(value, _bad_object)
+        if set(map(type, members)) <= _SCALAR_TYPES:
+            continue  # the common case: nothing below to look at
+        if depth >= MAX_DEPTH:
+            raise _find(value, lambda node, depth: _container(node) if depth >= MAX_DEPTH else None)
+        # each distinct member once (by identity, at C speed), scalars skipped
+        for member in dict(zip(map(id, members), members, strict=True)).values():
+            if type(member) not in _SCALAR_TYPES:
+                stack.append((member, depth + 1))
+
+
+def _container(node: Any) -> str | None:
+    if isinstance(node, dict | list | tuple):
+        return f"nesting deeper than {MAX_DEPTH} levels (or a cycle)"
+    return None
+
+
+def _bad_key(node: Any, depth: int) -> str | None:
+    if isinstance(node, dict):
+        for key in node:
+            if not isinstance(key, str):
+                return (
+                    f"a dict key of type {type(key).__name__} ({key!r:.40}), which JSON "
+                    "would turn into a string"
+                )
+    return None
+
+
+def _bad_object(node: Any, depth: int) -> str | None:
+    if isinstance(node, (*_SCALARS, dict, list, tuple)):
+        return None
+    return f"an object of type {type(node).__name__} ({node!r:.60}), not JSON data"
+
+
+def _find(root: Any, problem: Callable[[Any, int], str | None]) -> TypeError:
+    """The error for the first node of ``root`` where ``problem`` says what is wrong (a
+    second, slower walk that keeps paths: only taken when there is an error to report)."""
+    stack: list[tuple[Any, list[Any]]] = [(root, [])]
+    seen: set[int] = set()
+    while stack:
+        node, keys = stack.pop()
+        what = problem(node, len(keys))
+        if what is not None:
+            path = list(keys)
+            if isinstance(node, dict) and problem is _bad_key:
+                path.append(next(key for key in node if not isinstance(key, str)))
+            return _refuse(path, what)
+        if isinstance(node, dict | list | tuple) and id(node) not in seen:
+            seen.add(id(node))
+            pairs = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((child, [*keys, key]) for key, child in reversed(list(pairs)))
+    return TypeError("the value is not JSON data")
 
 
 class Encoder:
@@ -99,11 +146,9 @@ class Encoder:
         self._chunk = chunk
         self._text_slice = text_slice
         self._text_min = text_min
-        #: an item whose encoding is at most this long joins a batch; a larger one goes alone
-        self._batch_item = chunk // 4
+        #: a value whose encoding is at most this long goes in one frame of its own
+        self._whole_item = chunk - 32
         self._sent = 0
-        self._items: list[str] = []
-        self._size = 0
         #: kind of each open container: True for dict
         self._open: list[bool] = []
 
@@ -127,11 +172,10 @@ class Encoder:
                 self._send(payload)
                 return
         self._sent = 0
-        self._items, self._size, self._open = [], 0, []
+        self._open = []
         self._frame({"k": "begin", "m": kind})
         try:
             self._value(value)
-            self._flush()
         except BaseException:
             # the parent drops what it assembled of this message; the error follows
             self._send(b'{"k":"abort"}')
@@ -164,28 +208,10 @@ class Encoder:
         self._count(len(payload))
         self._send(payload)
 
-    def _flush(self) -> None:
-        if not self._items:
-            return
-        body = ",".join(self._items)
-        self._items, self._size = [], 0
-        if self._open and self._open[-1]:
-            payload = ('{"k":"fields","v":{' + body + "}}").encode()
-        else:
-            payload = ('{"k":"items","v":[' + body + "]}").encode()
-        self._count(len(payload))
-        self._send(payload)
-
-    def _batch(self, encoded: str) -> None:
-        if self._size + len(encoded) + 40 > self._chunk:
-            self._flush()
-        self._items.append(encoded)
-        self._size += len(encoded) + 1
-
     # -- values -----------------------------------------------------------------------------
 
     def _small(self, value: Any) -> str | None:
-        """``value`` encoded, if it is small enough to travel in a batch."""
+        """``value`` encoded, if it is small enough to travel in one frame."""
         if isinstance(value, str) and len(value) >= self._text_min:
             return None
         if isinstance(value, dict | list | tuple) and len(value) > _SMALL_CONTAINER:
@@ -194,47 +220,64 @@ class Encoder:
             text = _dumps(value)
         except RecursionError:
             return None
-        return text if len(text) <= self._batch_item else None
+        return text if len(text) <= self._whole_item else None
 
     def _value(self, value: Any) -> None:
         """Stream ``value`` as the next value (top level, list item, or after a key)."""
-        if isinstance(value, str) and len(value) >= self._text_min:
-            self._flush()
-            self._text(value)
-            return
         small = self._small(value)
+        if isinstance(value, str) and small is None:
+            self._text(value)  # long, or escaped into more than a frame holds
+            return
         if small is not None or not isinstance(value, dict | list | tuple):
-            self._flush()
             if small is None:
-                small = _dumps(value)  # a scalar too big for a batch (a huge int, say)
+                small = _dumps(value)  # a number of thousands of digits: under a real CHUNK
             payload = ('{"k":"val","v":' + small + "}").encode()
             self._count(len(payload))
             self._send(payload)
             return
-        self._flush()
         is_dict = isinstance(value, dict)
         self._frame({"k": "open", "t": "dict" if is_dict else "list"})
         self._open.append(is_dict)
-        if isinstance(value, dict):
-            for key, child in value.items():
-                encoded = self._small(child)
-                if encoded is not None:
-                    self._batch(_dumps(key) + ":" + encoded)
-                else:
-                    self._flush()
+        entries: Any = list(value.items()) if isinstance(value, dict) else value
+        # entries go in slices encoded at C speed; the slice grows while it fits a frame and
+        # shrinks when it does not, down to one entry, which is then streamed on its own
+        start, step, count = 0, 16, len(entries)
+        while start < count:
+            part = entries[start : start + step]
+            body = self._slice(part, is_dict)
+            if body is not None:
+                kind = "fields" if is_dict else "items"
+                payload = ('{"k":"' + kind + '","v":' + body + "}").encode()
+                self._count(len(payload))
+                self._send(payload)
+                start += len(part)
+                if len(body) < self._chunk // 2:
+                    step = min(step * 2, 1 << 16)
+            elif step > 1:
+                step = max(1, step // 4)
+            else:
+                if is_dict:
+                    key, child = part[0]
                     self._frame({"k": "key", "v": key})
                     self._value(child)
-        else:
-            for child in value:
-                encoded = self._small(child)
-                if encoded is not None:
-                    self._batch(encoded)
                 else:
-                    self._flush()
-                    self._value(child)
-        self._flush()
+                    self._value(part[0])
+                start += 1
         self._open.pop()
         self._frame({"k": "close"})
+
+    def _slice(self, part: Any, is_dict: bool) -> str | None:
+        """``part`` (list items, or dict entries) encoded as a list or dict, if it fits one
+        frame and holds no string that must travel as text; else None."""
+        if len(part) == 1:
+            single = part[0][1] if is_dict else part[0]
+            if isinstance(single, str) and len(single) >= self._text_min:
+                return None
+        try:
+            body = _dumps(dict(part) if is_dict else part)
+        except RecursionError:
+            return None
+        return body if len(body) <= self._chunk - 32 else None
 
     def _text(self, text: str) -> None:
         ascii = text.isascii()

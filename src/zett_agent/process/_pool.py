@@ -196,6 +196,8 @@ class ProcessPool:
         self._replace_timer: asyncio.TimerHandle | None = None
         self._health_timer: asyncio.TimerHandle | None = None
         self._launchers_gone: asyncio.Event | None = None
+        #: worker pid -> when its exit was seen, while its launcher owes the exit report
+        self._reports_owed: dict[int, float] = {}
         #: resolved when the last worker is buried (close() waits on it)
         self._burial_waiter: asyncio.Future[None] | None = None
         self._job_counter = 0
@@ -725,14 +727,14 @@ class ProcessPool:
         assert loop is not None
         loop.remove_reader(worker.tree.pidfd)
         worker.exited_at = time.monotonic()
+        if not worker.orphaned and worker.launcher is self._launcher:
+            # its parent reaps it and reports: a launcher that does not is found out
+            self._reports_owed[worker.pid] = worker.exited_at
+            self._expect_launcher()
         if worker.state is WorkerState.DEAD:
             return
         assert self._containment is not None
         self._containment.recheck(worker.tree)
-        job = worker.job
-        if job is not None and not job.done() and job._kill_reason is None:
-            # its exit status will tell what happened: the launcher owes a report
-            self._expect_launcher()
         self._end(worker)
         self._top_up()
 
@@ -859,6 +861,7 @@ class ProcessPool:
         if op == "ok":
             launcher.answered(message.get("seq"))
         elif op == "exit":
+            self._reports_owed.pop(int(message.get("pid", -1)), None)
             worker = self._workers.get(int(message.get("pid", -1)))
             if worker is not None and worker.launcher is launcher:
                 worker.report = message
@@ -901,11 +904,7 @@ class ProcessPool:
         launcher = self._launcher
         if launcher is None:
             return None
-        times = [
-            worker.exited_at
-            for worker in self._workers.values()
-            if worker.exited_at is not None and worker.report is None and not worker.orphaned
-        ]
+        times = list(self._reports_owed.values())
         overdue = launcher.overdue()
         if overdue is not None:
             times.append(overdue)
@@ -963,6 +962,7 @@ class ProcessPool:
         assert containment is not None and loop is not None
         self._launcher = None
         self._spawning = 0
+        self._reports_owed.clear()
         reason = f"the pool's launcher process failed ({why}) and was replaced"
         cause = ProcessError(f"the pool's launcher process {launcher.pid} failed: {why}")
         workers = [w for w in self._workers.values() if w.launcher is launcher]
