@@ -561,7 +561,7 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
                 "burner", AnnouncingChild(ann.path, [("burn", {"rounds": rounds})]), [BURN]
             )
             warm = profile("warm", AnnouncingChild(ann.path))
-            options = {"max_concurrent": k, "max_workers": k}
+            options = {"max_concurrent": k, "max_processes": k}
             async with contextlib.AsyncExitStack() as stack:
                 extensions = {
                     v: await stack.enter_async_context(make_extension(v, [burner, warm], **options))

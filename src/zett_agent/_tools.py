@@ -437,11 +437,13 @@ def _enum_adapter(fn: Callable[..., Any]) -> Callable[..., Any]:
         async def async_wrapper(**kwargs: Any) -> Any:
             return await fn(**convert(kwargs))
 
+        async_wrapper.__wrapped__ = fn  # type: ignore[attr-defined]  # for inspect.unwrap
         return async_wrapper
 
     def wrapper(**kwargs: Any) -> Any:
         return fn(**convert(kwargs))
 
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]  # for inspect.unwrap
     return wrapper
 
 
