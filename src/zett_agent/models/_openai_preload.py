@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ssl
 
-import anyio._backends._asyncio  # noqa: F401 - the backend httpcore uses under asyncio
-import anyio.streams.tls  # noqa: F401
+import anyio._backends._asyncio
+import anyio.streams.tls
 import anyio.to_thread  # noqa: F401
 import certifi  # noqa: F401
 import h11  # noqa: F401
-import httpcore  # noqa: F401
-import httpcore._async  # noqa: F401
+import httpcore
+import httpcore._async
 import httpcore._backends.anyio  # noqa: F401
 import httpx
 
