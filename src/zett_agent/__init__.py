@@ -25,7 +25,13 @@ if TYPE_CHECKING:
     )
     from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
     from zett_agent.extensions.tool_guidelines import ToolGuidelinesExtension
-    from zett_agent.messages import AgentMessage, AssistantMessage, ToolCall, UserMessage
+    from zett_agent.messages import (
+        AgentMessage,
+        AssistantMessage,
+        ToolCall,
+        ToolMessage,
+        UserMessage,
+    )
     from zett_agent.models.openai import OpenAIChatModel
     from zett_agent.process import ProcessLimits, ProcessPool
     from zett_agent.runners import InProcessRunner, ProcessRunner
@@ -50,6 +56,7 @@ _HOMES: dict[str, str] = {
     "AgentMessage": "zett_agent.messages",
     "AssistantMessage": "zett_agent.messages",
     "ToolCall": "zett_agent.messages",
+    "ToolMessage": "zett_agent.messages",
     "UserMessage": "zett_agent.messages",
     "OpenAIChatModel": "zett_agent.models.openai",
     "ProcessLimits": "zett_agent.process",
@@ -85,6 +92,7 @@ __all__ = [
     "SubAgentTaskStatus",
     "ToolCall",
     "ToolGuidelinesExtension",
+    "ToolMessage",
     "ToolResult",
     "UserMessage",
     "__version__",
