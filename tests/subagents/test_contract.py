@@ -590,6 +590,27 @@ async def test_a_forgotten_task_is_announced_once_and_never_as_readable(
 # -- 8. children that start children --------------------------------------------------------
 
 
+async def test_an_extension_pickles_with_its_configuration_and_none_of_its_runtime() -> None:
+    import cloudpickle
+
+    extension = Tagged(
+        [worker(ChildModel("x"))],
+        tag="red",
+        max_concurrent=3,
+        max_processes=7,
+        limits=ProcessLimits(timeout=5),
+    )
+    async with extension:
+        await run_parent(extension, [starts(1), final()])  # a task, a started pool
+        assert extension.runner.pool is not None  # type: ignore[attr-defined]
+        del extension.lock  # the subclass's own unpicklable state is its business
+        copy = cloudpickle.loads(cloudpickle.dumps(extension))
+    assert copy.tasks("parent") == () and copy._counter == 0
+    assert (copy.max_concurrent, copy.limits, copy.tag) == (3, ProcessLimits(timeout=5), "red")
+    assert isinstance(copy.runner, ProcessRunner) and copy.runner.pool is None
+    assert copy.runner.max_processes == 7 and copy.runner.owner == "Tagged"
+
+
 def _tree(pids: dict[str, int]) -> set[int]:
     """Every pid of the agent tree under the outer child: the children, their pools'
     launchers and workers, and anything those started."""

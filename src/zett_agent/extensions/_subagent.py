@@ -118,6 +118,8 @@ class ChildAgentExtension(Extension):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_runtime()
+        if isinstance(self._runner, ProcessRunner):
+            self._runner.owner = type(self).__name__
 
     def definition(self, subagent_type: str) -> SubAgentDefinition:
         """Return the profile named ``subagent_type``; ``ValueError`` lists the valid names."""
