@@ -246,3 +246,21 @@ async def test_jobs_of_both_runners_implement_the_interface() -> None:
             assert job.result()["content"] == "hi"
             assert events[0] == {"kind": "started"} and job.info() == {}
             assert job.usage().elapsed >= 0
+
+
+async def test_the_foreground_extension_takes_a_runner_too() -> None:
+    from zett_agent.extensions.subagent import SubAgentExtension
+
+    model = StepModel(
+        [call("subagent", subagent_type="w", description="d", prompt="p"), AssistantMessage("ok")]
+    )
+    async with SubAgentExtension(
+        [definition(ChildModel("in pid {pid}"))], runner=InProcessRunner()
+    ) as extension:
+        client = await create_agent(
+            model, config=AgentRunConfig(session_id="s"), extensions=[extension]
+        )
+        async with client, asyncio.timeout(HANG_GUARD):
+            await client.run("go")
+    [result] = [m for m in model.requests[-1].messages if getattr(m, "call_id", None)]
+    assert result.text == f"in pid {os.getpid()}"  # ran as a task of this very process
