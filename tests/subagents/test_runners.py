@@ -192,7 +192,8 @@ def test_failure_reasons_are_one_actionable_line(error: BaseException, reason: s
 
 
 async def test_a_child_lost_with_its_launcher_says_so(tmp_path: Path) -> None:
-    """A real crash: the pool's launcher is SIGKILLed while a child runs."""
+    """A real crash: the pool's launcher is SIGKILLed while a child runs. The task fails with
+    that cause; the extension starts a new pool for the next task."""
     path = str(tmp_path / "beacons")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as beacons:
         beacons.bind(path)
@@ -204,6 +205,8 @@ async def test_a_child_lost_with_its_launcher_says_so(tmp_path: Path) -> None:
                     [
                         call("task_start", subagent_type="w", description="d", prompt="p"),
                         AssistantMessage("started"),
+                        call("task_start", subagent_type="w", description="d", prompt="p"),
+                        AssistantMessage("started again"),
                     ]
                 ),
                 config=AgentRunConfig(session_id="s"),

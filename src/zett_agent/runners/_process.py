@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from zett_agent.process import (
     JobStatus,
     JobUsage,
+    PoolClosed,
     ProcessError,
     ProcessJob,
     ProcessLimits,
@@ -253,7 +254,14 @@ class ProcessRunner:
         """
         pool = await self._pool()
         try:
-            job = pool.submit(run_child, spec, limits=limits)
+            try:
+                job = pool.submit(run_child, spec, limits=limits)
+            except PoolClosed:
+                if self._shared is not None or self._closed:
+                    raise
+                # our own pool lost its launcher (killed from outside): start a new one
+                pool = await self._replace(pool)
+                job = pool.submit(run_child, spec, limits=limits)
         except TypeError as exc:
             part = unpicklable_part(spec) or str(exc)
             raise TypeError(
@@ -301,6 +309,16 @@ class ProcessRunner:
                 if self._own is None:
                     self._own = await self._start_own()
         return self._own
+
+    async def _replace(self, broken: ProcessPool) -> ProcessPool:
+        assert self._lock is not None
+        async with self._lock:
+            if self._own is broken:
+                log.warning("%s: the process pool's launcher died; starting a new pool", self.owner)
+                self._own = None
+                await broken.close()
+                self._own = await self._start_own()
+        return await self._pool()
 
     async def _start_own(self) -> ProcessPool:
         chosen = list(self._wanted) if self.preload is None else list(self.preload)
