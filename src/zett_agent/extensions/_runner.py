@@ -29,13 +29,16 @@ def failure_reason(error: BaseException) -> str:
         case JobFailed():
             text = f"the child agent raised {error.type_name}: {error.message}"
         case WorkerCrashed():
+            why = getattr(error, "reason", None)  # set by engines that know why it was lost
             if error.signal_name:
                 text = f"the child process was killed by {error.signal_name}"
             elif error.exitcode is not None:
                 text = f"the child process exited with code {error.exitcode} before reporting"
+            elif why:
+                text = f"the child process was lost before reporting: {why}"
             else:
                 text = "the child process was lost before reporting (its exit status is unknown)"
-            if error.__cause__ is not None:
+            if error.__cause__ is not None and not why:
                 text += f": {_cause(error.__cause__)}"
         case JobTimeout():
             text = f"the child ran out of time (timeout={error.timeout:g}s)"
