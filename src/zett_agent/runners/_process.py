@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 #: Default global cap on the processes one ``ProcessRunner`` runs at once, across every session
 #: of its extension. A safety bound (against a model or a bug starting children without end),
 #: not a scheduling knob: child agents mostly wait on a model, so every task ``max_concurrent``
-#: admits should run at once. 256 children of about 4 MiB unique memory each is about 1 GiB,
-#: and one socket per child keeps well inside the common limit of 1024 open files.
+#: admits should run at once. 256 running children of about 7 MiB unique memory each is under
+#: 2 GiB, and their descriptors in the parent (a socket, and a pidfd with the reworked engine)
+#: stay inside the common limit of 1024 open files.
 DEFAULT_MAX_PROCESSES = 256
 
 
