@@ -30,7 +30,6 @@ from _subagent_models import (
 from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
-from zett_agent.extensions._inprocess import InProcessRunner
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -41,6 +40,7 @@ from zett_agent.extensions.tool_guidelines import ToolGuidelinesExtension
 from zett_agent.messages import AgentMessage, AssistantMessage
 from zett_agent.model import Model, ModelRequest
 from zett_agent.process import ProcessLimits
+from zett_agent.runners import InProcessRunner
 from zett_agent.tools import AgentTool
 
 HANG_GUARD = 60
@@ -55,10 +55,9 @@ def runner(request: pytest.FixtureRequest) -> str:
 
 
 def build(cls: type[E], runner: str, *args: Any, **kwargs: Any) -> E:
-    extension = cls(*args, **kwargs)
     if runner == "in-process":
-        extension._runner = InProcessRunner()  # type: ignore[assignment]
-    return extension
+        kwargs["runner"] = InProcessRunner()
+    return cls(*args, **kwargs)
 
 
 def worker(

@@ -163,7 +163,7 @@ async def run_demo(
             return settled
 
     extension = TimedCancel(
-        definitions(options.model), max_concurrent=len(starts), max_workers=len(starts)
+        definitions(options.model), max_concurrent=len(starts), max_children=len(starts)
     )
     tools = (
         AgentTool(

@@ -21,7 +21,7 @@ import os
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -73,9 +73,15 @@ class OpenAIChatModel:
 
     Raises ``ValueError`` for an unusable argument (empty model name, a base URL that is not
     http(s), a non-positive timeout, an ``extra_body`` that is not JSON-serialisable).
+
+    Child processes: ``child_preload`` names the module that imports the HTTP stack and loads
+    the CA bundle; a subagent extension's process pool imports it once in its launcher, so a
+    child on this model starts warm and shares that memory.
     """
 
     retry: RetryOptions
+    #: modules a child process on this model would import at its first request (see above)
+    child_preload: ClassVar[tuple[str, ...]] = ("zett_agent.models._openai_preload",)
 
     def __init__(
         self,
@@ -223,7 +229,9 @@ class OpenAIChatModel:
 
     def _ssl(self) -> ssl.SSLContext:
         if self._ssl_context is None:
-            self._ssl_context = httpx.create_ssl_context()
+            from zett_agent.models._openai_preload import default_ssl_context
+
+            self._ssl_context = default_ssl_context()
         return self._ssl_context
 
     def _status_error(self, response: httpx.Response, *, sent_key: bool) -> ModelError:

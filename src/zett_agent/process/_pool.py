@@ -773,6 +773,11 @@ class ProcessPool:
         assert loop is not None and containment is not None
         if worker.exited_at is None:
             loop.remove_reader(worker.tree.pidfd)
+            if worker.report is None and not worker.orphaned and worker.launcher is self._launcher:
+                # its tree was seen dead before its pidfd said so: its report is owed all the
+                # same (a launcher that never sends it is found out)
+                self._reports_owed[worker.pid] = time.monotonic()
+                self._expect_launcher()
         if worker.channel is not None:
             worker.channel.close()
         containment.forget(worker.tree)
