@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from zett_agent._messages import AssistantMessage
 from zett_agent._model import (
@@ -94,7 +94,9 @@ class FunctionModel:
 
     ``fn`` returns an ``AssistantMessage``, a ``str`` or a ``ModelResponse`` (or an awaitable
     of one); what it raises, the call raises. Every request is kept in ``requests``. Pickles
-    when ``fn`` does (cloudpickle handles closures and lambdas).
+    when ``fn`` does (cloudpickle handles closures and lambdas); a pickled copy (the one a child
+    process gets when a definition uses the parent's model) starts with an empty ``requests``,
+    so shipping the model costs the same after a thousand requests as after none.
     """
 
     def __init__(
@@ -113,6 +115,9 @@ class FunctionModel:
             reply = await reply
         async for event in _stream(_as_response(reply)):
             yield event
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "requests": []}
 
     def __repr__(self) -> str:
         return f"<FunctionModel {getattr(self.fn, '__qualname__', self.fn)!r}>"

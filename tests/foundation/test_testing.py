@@ -74,3 +74,17 @@ async def test_offline_models_pickle_with_their_state() -> None:
     prefix = "closure"
     function = cloudpickle.loads(cloudpickle.dumps(FunctionModel(lambda r: f"{prefix} says hi")))
     assert (await collect(function))[-1].response.message.content == "closure says hi"
+
+
+async def test_a_pickled_function_model_leaves_its_request_log_behind() -> None:
+    """A long-lived parent's model ships to each child at the same size, whatever it answered."""
+    model = FunctionModel(lambda request: "ok")
+    fresh = len(cloudpickle.dumps(model))
+    for _ in range(50):
+        await collect(model)
+    data = cloudpickle.dumps(model)
+    assert len(data) == fresh
+    copy = cloudpickle.loads(data)
+    assert copy.requests == [] and len(model.requests) == 50
+    assert (await collect(copy))[-1].response.message.content == "ok"
+    assert len(copy.requests) == 1
