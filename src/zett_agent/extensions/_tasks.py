@@ -52,6 +52,7 @@ class SubAgentTaskInfo(TypedDict, total=False):
     output_tokens: int
     cpu_seconds: float
     peak_memory_bytes: int
+    progress: dict[str, int]
     error: str
     content: str
     hint: str
@@ -63,6 +64,11 @@ class SubAgentTask:
 
     ``session_id`` is the child's own session; ``parent_session_id`` is the session that started
     it (and the only one that can see it). Progress fields update while the child runs.
+
+    ``progress`` is what a tool running in the child last reported about its own work, as
+    ``{"done": n}`` or ``{"done": n, "total": m}``: a tool reports it by calling
+    ``zett_agent.process.emit({"kind": "progress", "done": n, "total": m})`` (non-negative ints;
+    anything else is ignored). It stays ``None`` for children whose tools report nothing.
     """
 
     task_id: str
@@ -85,6 +91,7 @@ class SubAgentTask:
     output_tokens: int = 0
     cpu_seconds: float = 0.0
     peak_memory_bytes: int = 0
+    progress: dict[str, int] | None = None
     job: ProcessJob | None = field(default=None, repr=False)
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -124,12 +131,23 @@ class SubAgentTask:
                 self.last_tool = str(names[-1])[:100]
             self.input_tokens += _int(event.get("input_tokens"))
             self.output_tokens += _int(event.get("output_tokens"))
+        elif kind == "progress":
+            done, total = event.get("done"), event.get("total")
+            if isinstance(done, int) and _count(done):
+                if total is None:
+                    self.progress = {"done": done}
+                elif isinstance(total, int) and _count(total):
+                    self.progress = {"done": done, "total": total}
 
     def __repr__(self) -> str:
         return (
             f"<SubAgentTask {self.task_id} {self.subagent_type} {self.status.value} "
             f"turns={self.turns} pid={self.pid}>"
         )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _int(value: Any) -> int:
