@@ -38,6 +38,7 @@ def count_primes(below: int) -> int:
     Args:
         below: the exclusive upper bound.
     """
+    os.nice(10)  # background work: when the server's loop wakes up, it gets a core first
     return sum(1 for n in range(2, below) if all(n % d for d in range(2, math.isqrt(n) + 1)))
 
 

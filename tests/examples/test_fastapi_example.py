@@ -31,7 +31,7 @@ HANG_GUARD = 60.0
 HEALTH_P99_BOUND = 0.050
 HEALTH_SAMPLES = 500
 HEALTH_INTERVAL = 0.005  # between probes: a client polling, not a load test
-SESSION_PAUSE = 0.25  # a user reading the answer before the next message
+SESSION_PAUSE = 0.5  # a user reading the answer before the next message
 SPIN = 10**12  # counting the primes below it takes days: the child spins until it is killed
 
 pytestmark = pytest.mark.slow
