@@ -200,6 +200,7 @@ def _run_with_view(options: DemoOptions, files: Sequence[Path], *, plain: bool) 
         from rich.live import Live
 
         view = LiveTasks(out, SESSION, len(files))
+        view.warm_up()
         # rich's refresh thread draws the table at a bounded rate; the loop never waits for it.
         # A shorter switch interval hands the GIL back to the loop sooner when that thread draws.
         interval = sys.getswitchinterval()
