@@ -1,10 +1,16 @@
 """``docs/_examples/fastapi_app.py`` served by a real uvicorn and driven over real HTTP.
 
 Several sessions chat at once while one of their children spins the CPU; ``/health`` must stay
-responsive meanwhile (a responsiveness guarantee of the embedding, not a speed benchmark), and
-SIGTERM to the server must end every process of its tree (the pool's launcher, the spare workers
-and the spinning child included). The server runs on the test's own kind of loop (asyncio or
-uvloop), so both are covered.
+responsive meanwhile, p99 under 50 ms (a responsiveness guarantee of the embedding, not a speed
+benchmark), and SIGTERM to the server must end every process of its tree (the pool's launcher,
+the spare workers and the spinning child included). The server runs on the test's own kind of
+loop (asyncio or uvloop), so both are covered.
+
+A bound on latency can only be checked where the machine gives a ready process its CPU. So a
+bare uvicorn app with nothing but ``/health`` is probed in the same window, request for request:
+if even its p99 takes half the bound, other load on the machine decides the figures (on this
+shared 2-core machine, parallel test runs of other work do that) and the latency check is
+skipped with both numbers; the SIGTERM checks run regardless. Otherwise the bound must hold.
 """
 
 from __future__ import annotations
@@ -61,8 +67,22 @@ def free_port() -> int:
         return port
 
 
+#: The reference: an ASGI app that only answers /health, under the same uvicorn.
+BARE_APP = """
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
+"""
+
+
 class Server:
-    """``python -m uvicorn fastapi_app:app`` in a subprocess, with its log read as it comes."""
+    """``python -m uvicorn MODULE:app`` in a subprocess, with its log read as it comes."""
 
     def __init__(self, process: asyncio.subprocess.Process, port: int) -> None:
         self.process = process
@@ -85,7 +105,7 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def serve() -> AsyncIterator[Server]:
+async def serve(app: str = "fastapi_app:app", app_dir: Path = EXAMPLES) -> AsyncIterator[Server]:
     loop = "uvloop" if isinstance(asyncio.get_running_loop(), uvloop.Loop) else "asyncio"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     port = free_port()
@@ -93,9 +113,9 @@ async def serve() -> AsyncIterator[Server]:
         sys.executable,
         "-m",
         "uvicorn",
-        "fastapi_app:app",
+        app,
         "--app-dir",
-        str(EXAMPLES),
+        str(app_dir),
         "--host",
         "127.0.0.1",
         "--port",
@@ -170,11 +190,29 @@ async def wait_gone(pidfds: dict[int, int]) -> None:
             loop.remove_reader(fd)
 
 
-async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_process() -> None:
+def p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[-(-len(ordered) * 99 // 100) - 1]
+
+
+def describe(latencies: list[float]) -> str:
+    ordered = sorted(latencies)
+    return (
+        f"p50 {ordered[len(ordered) // 2] * 1000:.2f} ms, p99 {p99(ordered) * 1000:.2f} ms, "
+        f"max {ordered[-1] * 1000:.2f} ms"
+    )
+
+
+async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "bare_app.py").write_text(BARE_APP)
     async with (
         serve() as server,
+        serve("bare_app:app", tmp_path) as bare,
         httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=HANG_GUARD) as client,
         httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=HANG_GUARD) as probe,
+        httpx.AsyncClient(base_url=bare.url, trust_env=False, timeout=HANG_GUARD) as reference,
     ):
         async with asyncio.timeout(HANG_GUARD):
             # One session's child spins the CPU; it keeps spinning through the whole test.
@@ -182,14 +220,19 @@ async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_proce
             spinner = await until_running(client, "alice", spinner_id)
 
             latencies: list[float] = []
+            baseline: list[float] = []
             measured = asyncio.Event()
+
+            async def timed(http: httpx.AsyncClient, into: list[float]) -> None:
+                begin = time.perf_counter()
+                reply = await http.get("/health")
+                into.append(time.perf_counter() - begin)
+                assert reply.json() == {"status": "ok"}
 
             async def sample_health() -> None:
                 while len(latencies) < HEALTH_SAMPLES:
-                    begin = time.perf_counter()
-                    reply = await probe.get("/health")
-                    latencies.append(time.perf_counter() - begin)
-                    assert reply.json() == {"status": "ok"}
+                    await timed(probe, latencies)
+                    await timed(reference, baseline)
                     await asyncio.sleep(HEALTH_INTERVAL)
                 measured.set()
 
@@ -217,17 +260,10 @@ async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_proce
                 assert report["status"] == "completed", report
                 assert report["content"] == f"There are {PRIMES_BELOW[below]} primes below {below}."
         assert still["status"] == "running" and still["cpu_seconds"] > 0
-        latencies.sort()
-        p99 = latencies[int(len(latencies) * 0.99) - 1]
         print(
             f"/health over {len(latencies)} requests while a child spun and "
-            f"{sum(map(len, sessions))} other children ran: p50 "
-            f"{latencies[len(latencies) // 2] * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, "
-            f"max {latencies[-1] * 1000:.2f} ms"
-        )
-        assert p99 < HEALTH_P99_BOUND, (
-            f"/health p99 {p99 * 1000:.1f} ms over {len(latencies)} requests while a child "
-            f"spun (max {latencies[-1] * 1000:.1f} ms)"
+            f"{sum(map(len, sessions))} other children ran: {describe(latencies)}; a bare "
+            f"uvicorn app meanwhile: {describe(baseline)}"
         )
 
         # SIGTERM: uvicorn drains, the lifespan closes the extension, every process ends.
@@ -252,6 +288,17 @@ async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_proce
         assert any("Application shutdown complete" in line for line in server.log), server.log
         alive = [pid for pid in pidfds if psutil.pid_exists(pid) and _not_zombie(pid)]
         assert not alive, f"processes of the server's tree outlived SIGTERM: {alive}"
+
+    if p99(baseline) >= HEALTH_P99_BOUND / 2:
+        pytest.skip(
+            f"the machine is too loaded to check a latency bound: a bare uvicorn app's /health "
+            f"p99 was {p99(baseline) * 1000:.1f} ms in the same window (this server's "
+            f"{p99(latencies) * 1000:.1f} ms)"
+        )
+    assert p99(latencies) < HEALTH_P99_BOUND, (
+        f"/health p99 {p99(latencies) * 1000:.1f} ms over {len(latencies)} requests while a "
+        f"child spun ({describe(latencies)}; a bare uvicorn app: {describe(baseline)})"
+    )
 
 
 def _not_zombie(pid: int) -> bool:
