@@ -20,7 +20,7 @@ from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTask
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.model import Model
-from zett_agent.process import ProcessLimits
+from zett_agent.process import ProcessLimits, ProcessPool
 from zett_agent.tools import AgentTool
 
 SESSION = "demo"
@@ -140,6 +140,10 @@ def start_calls(options: DemoOptions) -> list[dict[str, Any]]:
     return calls
 
 
+#: Modules the pool's launcher imports once for every child: the demo's own (its extension,
+#: models and tools travel to each child) and the runtime they use.
+CHILD_PRELOAD = ("zett_agent._demo._scenario", "zett_agent.extensions._child")
+
 #: Scheduling priority of the children (``nice``): their CPU-bound work is background work, so
 #: the parent, whose loop supervises them, gets a core first when it wakes up.
 CHILD_NICE = 10
@@ -218,12 +222,16 @@ async def run_demo(
         await asyncio.sleep(min(max(seconds, 0.0), 2.0))
         return "ok"
 
-    # Every task is kept until the end (max_retained), so each report can still be read.
+    # One process per task, all at once. The launcher imports the demo's own modules once, so
+    # each child starts warm instead of importing them again (at full priority: it lowers its
+    # priority only once running). Every task is kept until the end (max_retained), so each
+    # report can still be read.
+    pool = ProcessPool(max_workers=len(starts), preload=CHILD_PRELOAD)
     extension = DemoExtension(
         definitions(options.model),
         max_concurrent=len(starts),
         max_retained=len(starts),
-        max_workers=len(starts),
+        pool=pool,
     )
     tools = (
         AgentTool(
@@ -251,7 +259,7 @@ async def run_demo(
     begin = time.perf_counter()
     watch = asyncio.ensure_future(ticker())
     try:
-        async with extension:
+        async with pool, extension:
             if on_start is not None:
                 on_start(extension)
             client = await create_agent(
