@@ -94,3 +94,17 @@ async def test_function_model_keeps_only_its_last_requests() -> None:
     for request in requests:
         [_ async for _ in model.stream(request)]
     assert model.requests == requests[-2:]
+
+
+async def test_a_pickled_function_model_leaves_its_request_log_behind() -> None:
+    """A long-lived parent's model ships to each child at the same size, whatever it answered."""
+    model = FunctionModel(lambda request: "ok")
+    fresh = len(cloudpickle.dumps(model))
+    for _ in range(50):
+        await collect(model)
+    data = cloudpickle.dumps(model)
+    assert len(data) == fresh
+    copy = cloudpickle.loads(data)
+    assert copy.requests == [] and len(model.requests) == 50
+    assert (await collect(copy))[-1].response.message.content == "ok"
+    assert len(copy.requests) == 1

@@ -495,6 +495,8 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             cpu_seconds=round(task.cpu_seconds, 3),
             peak_memory_bytes=task.peak_memory_bytes,
         )
+        if task.progress is not None:
+            info["progress"] = dict(task.progress)
         if task.error is not None and task.status is not SubAgentTaskStatus.COMPLETED:
             info["error"] = task.error
         if include_output and task.output is not None:

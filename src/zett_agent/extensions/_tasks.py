@@ -53,6 +53,7 @@ class SubAgentTaskInfo(TypedDict, total=False):
     output_tokens: int
     cpu_seconds: float
     peak_memory_bytes: int
+    progress: dict[str, int]
     error: str
     content: str
     hint: str
@@ -70,6 +71,11 @@ class SubAgentTask:
     report of a ``completed`` task) or ``task.error`` (the one-line reason of a ``failed`` or
     ``cancelled`` one); ``extension.task_info(task, include_output=True)`` gives both as the
     model sees them. The object keeps its report after the registry forgot it (``evicted``).
+
+    ``progress`` is what a tool running in the child last reported about its own work, as
+    ``{"done": n}`` or ``{"done": n, "total": m}``: a tool reports it by calling
+    ``zett_agent.process.emit({"kind": "progress", "done": n, "total": m})`` (non-negative ints;
+    anything else is ignored). It stays ``None`` for children whose tools report nothing.
     """
 
     task_id: str
@@ -95,6 +101,7 @@ class SubAgentTask:
     #: True once the registry forgot the task (only ``max_retained`` finished tasks are kept):
     #: the tools can no longer read it, so its completion notice carries a short report
     evicted: bool = False
+    progress: dict[str, int] | None = None
     job: ChildJob | None = field(default=None, repr=False)
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -134,12 +141,23 @@ class SubAgentTask:
                 self.last_tool = str(names[-1])[:100]
             self.input_tokens += _int(event.get("input_tokens"))
             self.output_tokens += _int(event.get("output_tokens"))
+        elif kind == "progress":
+            done, total = event.get("done"), event.get("total")
+            if isinstance(done, int) and _count(done):
+                if total is None:
+                    self.progress = {"done": done}
+                elif isinstance(total, int) and _count(total):
+                    self.progress = {"done": done, "total": total}
 
     def __repr__(self) -> str:
         return (
             f"<SubAgentTask {self.task_id} {self.subagent_type} {self.status.value} "
             f"turns={self.turns} pid={self.pid}>"
         )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _int(value: Any) -> int:
