@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from zett_agent.extensions._inprocess import InProcessRunner
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
+from zett_agent.runners import InProcessRunner
 
 
 class InProcessSubAgentExtension(AsyncSubAgentExtension):
-    """``AsyncSubAgentExtension`` whose children run as asyncio tasks in the parent process."""
+    """``AsyncSubAgentExtension`` whose children run as asyncio tasks in the parent process.
+
+    ``InProcessRunner(copy=False)``: children share the definition's objects, the cheapest
+    in-process design (no pickling), so the baseline is not slowed by what processes need.
+    ``max_processes`` / ``max_workers`` options are dropped: there are no processes.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._runner = InProcessRunner()  # type: ignore[assignment]
+        for option in ("max_processes", "max_workers", "pool", "kill_grace"):
+            kwargs.pop(option, None)
+        super().__init__(*args, runner=InProcessRunner(copy=False), **kwargs)

@@ -561,7 +561,7 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
                 "burner", AnnouncingChild(ann.path, [("burn", {"rounds": rounds})]), [BURN]
             )
             warm = profile("warm", AnnouncingChild(ann.path))
-            options = {"max_concurrent": k, "max_workers": k}
+            options = {"max_concurrent": k, "max_processes": k}
             async with contextlib.AsyncExitStack() as stack:
                 extensions = {
                     v: await stack.enter_async_context(make_extension(v, [burner, warm], **options))
@@ -580,6 +580,138 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
                             await variant_run(name, extensions[name])
         finally:
             ann.close()
+    return results
+
+
+# -- (5) N children on the real model adapter: time until all run, memory per child ----------
+
+
+class HoldingEndpoint:
+    """An OpenAI-compatible endpoint on loopback, in its own thread and event loop.
+
+    It reads each request (headers and body) and then holds the response open until it is
+    closed, so a child that reached it stays "running" (waiting on its model, as real children
+    mostly are). Each arrival is stamped with ``perf_counter`` and reported to ``queue`` (a
+    queue of the benchmark's loop).
+    """
+
+    def __init__(self, queue: asyncio.Queue[float], loop: asyncio.AbstractEventLoop) -> None:
+        self._queue = queue
+        self._main = loop
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, name="endpoint", daemon=True)
+        self._thread.start()
+        self._ready.wait(HANG_GUARD)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        with contextlib.suppress(Exception):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            self._main.call_soon_threadsafe(self._queue.put_nowait, time.perf_counter())
+            await reader.read()  # hold until the client goes away
+
+    def close(self) -> None:
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+            for writer in self._writers:
+                writer.close()
+            await asyncio.sleep(0)
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(HANG_GUARD)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(HANG_GUARD)
+        self._loop.close()
+
+
+def uss_mib(pid: int) -> float:
+    return float(psutil.Process(pid).memory_full_info().uss) / 2**20
+
+
+async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """``n`` children whose model is ``OpenAIChatModel`` start in one parent turn; each then
+    waits on the endpoint. Time from the turn's start until the endpoint received all ``n``
+    requests, and unique memory (USS) per running child."""
+    from zett_agent.models.openai import OpenAIChatModel
+    from zett_agent.runners import ProcessRunner
+
+    loop = asyncio.get_running_loop()
+    variants = ("process", "process, no preload", "in-process")
+    results: dict[str, dict[str, list[float]]] = {v: {"time": [], "uss": []} for v in variants}
+    arrivals: asyncio.Queue[float] = asyncio.Queue()
+    endpoint = HoldingEndpoint(arrivals, loop)
+    try:
+        model = OpenAIChatModel(
+            "bench", base_url=f"http://127.0.0.1:{endpoint.port}/v1", api_key="none", timeout=600
+        )
+        remote = profile("remote", model)
+        for repeat in range(repeats):
+            for variant in variants[repeat % 3 :] + variants[: repeat % 3]:
+                if variant == "in-process":
+                    extension = make_extension("in-process", [remote], max_concurrent=n)
+                else:
+                    preload = None if variant == "process" else ()
+                    runner = ProcessRunner(max_processes=n, preload=preload)
+                    extension = AsyncSubAgentExtension([remote], max_concurrent=n, runner=runner)
+                async with extension:
+                    # a request with no task boots the pool (with its preload) before the clock
+                    await run_parent(extension, Timing(), [final()])
+                    if isinstance(extension.runner, ProcessRunner):
+                        warming = extension.runner._warming
+                        if warming is not None:
+                            await warming
+                    gc_uss = uss_mib(os.getpid())
+                    steps: list[Step] = [
+                        turn(
+                            *(
+                                call(
+                                    "task_start",
+                                    subagent_type="remote",
+                                    description=f"r{i}",
+                                    prompt="hello",
+                                )
+                                for i in range(n)
+                            )
+                        ),
+                        final(),
+                    ]
+                    begin = time.perf_counter()
+                    await run_parent(extension, Timing(), steps)
+                    last = begin
+                    for _ in range(n):
+                        last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
+                    results[variant]["time"].append(last - begin)
+                    tasks = extension.tasks("parent")
+                    if variant == "in-process":
+                        results[variant]["uss"].append((uss_mib(os.getpid()) - gc_uss) / n)
+                    else:
+                        pids = [t.job.pid for t in tasks if t.job is not None and t.job.pid]
+                        if len(pids) != n:
+                            raise RuntimeError(f"{variant}: {len(pids)} of {n} children running")
+                        results[variant]["uss"].append(statistics.median(map(uss_mib, pids)))
+                    if any(t.done() for t in tasks):
+                        raise RuntimeError(f"{variant}: a child ended: {tasks[0].error}")
+    finally:
+        endpoint.close()
     return results
 
 
@@ -620,7 +752,56 @@ def environment(quick: bool) -> None:
     print(f"load average before: {load()}")
 
 
-async def bench(quick: bool) -> None:
+def report_running(running: dict[str, dict[str, list[float]]], n: int, repeats: int) -> None:
+    def ratio(ours: float, base: float) -> str:
+        return f"{base / ours:.2f}" if ours > 0 else "inf"
+
+    p, b, cold = running["process"], running["in-process"], running["process, no preload"]
+    t_p, t_b, t_c = (statistics.median(v["time"]) for v in (p, b, cold))
+    m_p, m_b, m_c = (statistics.median(v["uss"]) for v in (p, b, cold))
+    row(
+        f"(5) {n} children on OpenAIChatModel: all running",
+        f"{t_p:.3f} s",
+        f"{t_b:.3f} s",
+        ratio(t_p, t_b),
+    )
+    row("    same, without preload (each child imports httpx)", f"{t_c:.3f} s", "", "")
+    row(
+        "    unique memory (USS) per running child",
+        f"{m_p:.2f} MiB",
+        f"{m_b:.2f} MiB",
+        ratio(m_p, m_b),
+    )
+    row("    same, without preload", f"{m_c:.2f} MiB", "", "")
+    print(f"\n(5) medians of {repeats} runs; in-process memory: the parent's USS growth / {n}.")
+    print(
+        "    targets (issue 10): <= 5 MiB per running child, 100 children running within 2 s: "
+        f"{'met' if m_p <= 5 else 'NOT met'} / "
+        f"{'met' if n < 100 or t_p <= 2 else 'NOT met'}"
+    )
+
+
+async def bench_running(quick: bool, n: int) -> None:
+    environment(quick)
+    repeats = 1 if quick else 3
+    started = time.perf_counter()
+    running = await measure_running(n, repeats)
+    print(f"\n(5) only, {time.perf_counter() - started:.1f} s\n")
+    row("measurement", "process", "in-process", "ratio")
+    rule()
+    report_running(running, n, repeats)
+    check_leftovers()
+
+
+def check_leftovers() -> None:
+    print(f"load average after: {load()}")
+    left = psutil.Process().children(recursive=True)
+    print(f"processes left behind: {len(left)}")
+    if left:
+        raise SystemExit(f"the benchmark left processes behind: {left}")
+
+
+async def bench(quick: bool, n_running: int) -> None:
     n_start = 50 if quick else 300
     n_cancel = 5 if quick else 30
     guard = 2.0 if quick else 5.0
@@ -639,6 +820,7 @@ async def bench(quick: bool) -> None:
     probe = await measure_cancel_inprocess(guard)
     rounds = calibrate(seconds)
     cpu = await measure_cpu(k, rounds, repeats)
+    running = await measure_running(n_running, repeats)
     total = time.perf_counter() - started
 
     def ratio(ours: float, base: float) -> str:
@@ -739,26 +921,30 @@ async def bench(quick: bool) -> None:
         "",
     )
 
+    report_running(running, n_running, repeats)
+
     print(
         f"\n(2) in-process: the child spins inside the parent's only thread, so the parent's"
         f" task_cancel never runs; the probe process was killed after {probe['guard']:g} s."
     )
-    print(f"load average after: {load()}")
-    left = psutil.Process().children(recursive=True)
-    print(f"processes left behind: {len(left)}")
-    if left:
-        raise SystemExit(f"the benchmark left processes behind: {left}")
+    check_leftovers()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (< 30 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (< 40 s)")
+    parser.add_argument(
+        "--children", type=int, default=100, help="children of measurement (5) (default 100)"
+    )
+    parser.add_argument("--running-only", action="store_true", help="run measurement (5) only")
     parser.add_argument("--probe-inprocess-cancel", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe_inprocess_cancel:
         asyncio.run(probe_inprocess_cancel(args.probe_inprocess_cancel))
+    elif args.running_only:
+        asyncio.run(bench_running(args.quick, args.children))
     else:
-        asyncio.run(bench(args.quick))
+        asyncio.run(bench(args.quick, args.children))
 
 
 if __name__ == "__main__":

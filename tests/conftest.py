@@ -1,7 +1,10 @@
 """Suite-wide guards and loops.
 
 Every test must leave no process, zombie, thread or file descriptor behind, and every async test
-runs twice: under the stdlib event loop and under uvloop.
+runs twice: under the stdlib event loop and under uvloop. While a test runs, this process is a
+child subreaper: a process that escaped the tree it was started in is reparented here instead
+of to PID 1, so the leak guard finds it. Tests that take ``containment`` run once per
+containment strategy of the process engine.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from collections.abc import Callable, Iterator, Mapping
 import psutil
 import pytest
 import uvloop
+
+from zett_agent.process import _linux
+from zett_agent.process._cgroup import cgroup_problem
 
 
 def pytest_asyncio_loop_factories(
@@ -58,6 +64,18 @@ def _descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
 
 
+_NO_CGROUP = cgroup_problem()
+
+
+@pytest.fixture(params=["cgroup", "scan"])
+def containment(request: pytest.FixtureRequest) -> str:
+    """Each containment strategy of the engine; cgroup is skipped, saying why, where it cannot
+    work (no writable cgroup v2 hierarchy)."""
+    if request.param == "cgroup" and _NO_CGROUP is not None:
+        pytest.skip(f"no cgroup containment on this machine: {_NO_CGROUP}")
+    return str(request.param)
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a child process, a zombie, a thread or a file descriptor behind."""
@@ -66,7 +84,11 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     fds_before = _open_fds()
     threads_before = {t.ident for t in threading.enumerate()}
-    yield
+    _linux.set_child_subreaper(True)
+    try:
+        yield
+    finally:
+        _linux.set_child_subreaper(False)
     leftover = _descendants()
     # Processes left behind are killed so one failure does not cascade into the next tests.
     described = [_describe_process(p) for p in leftover]

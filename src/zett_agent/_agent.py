@@ -692,6 +692,9 @@ class Agent:
             except Exception as exc:
                 error = exc
                 result = ToolResult.error(f"{tool.name} failed: {type(exc).__name__}: {exc}")
+        # after_tool may edit the result in place (the seed's contract); it edits a copy, so a
+        # handler that returns one shared ToolResult object keeps it unchanged for later calls
+        result = ToolResult(result.content, result.is_error)
         for ext in self._extensions:
             replaced = await ext.after_tool(context, call, result, error)
             if isinstance(replaced, ToolResult):

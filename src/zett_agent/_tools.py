@@ -25,12 +25,17 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolResult:
     """What a tool handler returns to the model.
 
     ``content`` is a string (sent as is) or any JSON-compatible value (sent as JSON text).
     ``is_error`` marks the call as failed, so the model sees a failed ``ToolMessage``.
+
+    Mutable on purpose: an ``after_tool`` hook may change ``content`` or ``is_error`` in place,
+    and the changed result is what is appended, persisted and sent to the next model request.
+    The runtime hands ``after_tool`` its own copy, so a handler that returns one shared
+    ``ToolResult`` object every time never sees another call's changes.
     """
 
     content: Any
@@ -432,11 +437,13 @@ def _enum_adapter(fn: Callable[..., Any]) -> Callable[..., Any]:
         async def async_wrapper(**kwargs: Any) -> Any:
             return await fn(**convert(kwargs))
 
+        async_wrapper.__wrapped__ = fn  # type: ignore[attr-defined]  # for inspect.unwrap
         return async_wrapper
 
     def wrapper(**kwargs: Any) -> Any:
         return fn(**convert(kwargs))
 
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]  # for inspect.unwrap
     return wrapper
 
 

@@ -439,6 +439,42 @@ async def test_after_tool_rewrites_results_and_sees_the_original_error() -> None
     assert model.requests[1].messages[-2:] == (ok, failed)
 
 
+async def test_after_tool_modifies_the_result_in_place_as_the_seed_says() -> None:
+    """The seed: "Changes made to result are included in context, persistence, and the next
+    model request." In-place edits, no return value."""
+    persisted: list[ToolMessage] = []
+    shared = ToolResult("secret: hunter2")
+
+    @tool
+    def leaky() -> ToolResult:
+        """Return the same result object every time."""
+        return shared
+
+    class Redact(Extension):
+        async def after_tool(
+            self, context: AgentRunContext, call: ToolCall, result: ToolResult, error: Any
+        ) -> None:
+            result.content = result.content.replace("hunter2", "[redacted]")
+            result.is_error = True
+
+        async def on_event(self, context: AgentRunContext, event: Any) -> None:
+            if isinstance(event, MessageAppendedEvent) and isinstance(event.message, ToolMessage):
+                persisted.append(event.message)
+
+    model = ScriptedModel([call("leaky"), call("leaky"), "done"])
+    agent = Agent(model, extensions=[Redact()], tools=[leaky])
+    await agent.run("go")
+
+    first, second = tool_messages(agent)  # what the session store kept
+    for message in (first, second):
+        assert message.text == "secret: [redacted]" and message.status is ToolStatus.FAILED
+    assert persisted == [first, second]  # what persistence subscribers received
+    assert model.requests[1].messages[-1] == first  # what the next model request carried
+    assert model.requests[2].messages[-1] == second
+    # each call's hook edited its own copy: the handler's shared object is unchanged
+    assert (shared.content, shared.is_error) == ("secret: hunter2", False)
+
+
 async def test_after_tool_raising_fails_the_request_and_the_result_is_not_appended() -> None:
     class Strict(Extension):
         async def after_tool(

@@ -64,13 +64,47 @@ async def test_function_model_accepts_sync_and_async_functions() -> None:
     assert (await collect(sync))[-1].response.message.content == "sync"  # type: ignore[attr-defined]
 
 
-async def test_offline_models_pickle_with_their_state() -> None:
+async def test_a_pickled_scripted_model_starts_its_script_over_with_no_history() -> None:
     scripted = ScriptedModel(["a", "b"], retry=RetryOptions(max_retries=2))
-    await collect(scripted)
+    await collect(scripted)  # the parent used "a": a child must not continue at "b"
     copy = cloudpickle.loads(cloudpickle.dumps(scripted))
     assert copy.retry == RetryOptions(max_retries=2)
-    assert (await collect(copy))[-1].response.message.content == "b"
+    assert copy.requests == [] and copy.remaining == 2
+    assert (await collect(copy))[-1].response.message.content == "a"
+    assert (await collect(scripted))[-1].response.message.content == "b"  # original unchanged
 
+
+async def test_a_pickled_function_model_keeps_its_function_but_not_its_requests() -> None:
     prefix = "closure"
-    function = cloudpickle.loads(cloudpickle.dumps(FunctionModel(lambda r: f"{prefix} says hi")))
-    assert (await collect(function))[-1].response.message.content == "closure says hi"
+    model = FunctionModel(lambda r: f"{prefix} says hi")
+    marked = ModelRequest(messages=(UserMessage("marker-7f3a of the parent's history"),))
+    for _ in range(3):
+        [_ async for _ in model.stream(marked)]
+    data = cloudpickle.dumps(model)
+    assert b"marker-7f3a" not in data  # no request of the parent travels
+    copy = cloudpickle.loads(data)
+    assert copy.requests == []
+    assert (await collect(copy))[-1].response.message.content == "closure says hi"
+    assert len(model.requests) == 3
+
+
+async def test_function_model_keeps_only_its_last_requests() -> None:
+    model = FunctionModel(lambda r: "ok", keep_requests=2)
+    requests = [ModelRequest(messages=(UserMessage(str(i)),)) for i in range(5)]
+    for request in requests:
+        [_ async for _ in model.stream(request)]
+    assert model.requests == requests[-2:]
+
+
+async def test_a_pickled_function_model_leaves_its_request_log_behind() -> None:
+    """A long-lived parent's model ships to each child at the same size, whatever it answered."""
+    model = FunctionModel(lambda request: "ok")
+    fresh = len(cloudpickle.dumps(model))
+    for _ in range(50):
+        await collect(model)
+    data = cloudpickle.dumps(model)
+    assert len(data) == fresh
+    copy = cloudpickle.loads(data)
+    assert copy.requests == [] and len(model.requests) == 50
+    assert (await collect(copy))[-1].response.message.content == "ok"
+    assert len(copy.requests) == 1

@@ -94,10 +94,11 @@ def test_exports() -> None:
     assert zett_agent.models.openai.__all__ == ["OpenAIChatModel"]
 
 
-def test_is_a_model_and_repr_hides_the_key() -> None:
+def test_is_a_model_and_repr_hides_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     model = OpenAIChatModel("m", api_key="sk-secret")
     assert isinstance(model, Model)
     assert "sk-secret" not in repr(model)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-secret")
     assert repr(OpenAIChatModel("m")) == (
         "OpenAIChatModel('m', base_url='https://api.openai.com/v1', api_key=$OPENAI_API_KEY)"
     )
@@ -117,11 +118,14 @@ def test_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
         OpenAIChatModel(**kwargs)
 
 
-def test_model_from_spec() -> None:
+def test_model_from_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     local = model_from_spec("openai:qwen2.5:7b", base_url="http://127.0.0.1:8000/v1/")
     assert isinstance(local, OpenAIChatModel)
     assert (local.model, local.base_url) == ("qwen2.5:7b", "http://127.0.0.1:8000/v1")
     assert local.url == "http://127.0.0.1:8000/v1/chat/completions"
+    with pytest.raises(ValueError, match="set OPENAI_API_KEY"):
+        model_from_spec("openai:gpt-4o-mini", base_url=None)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     default = model_from_spec("openai:gpt-4o-mini", base_url=None)
     assert isinstance(default, OpenAIChatModel)
     assert default.base_url == "https://api.openai.com/v1"
@@ -130,6 +134,53 @@ def test_model_from_spec() -> None:
             model_from_spec(bad)
     with pytest.raises(ValueError, match=r"unknown model provider 'claude'.*openai"):
         model_from_spec("claude:x")
+
+
+@pytest.mark.parametrize(
+    "base_url", ["https://api.openai.com/v1", "https://API.OpenAI.com/v1/", "http://api.openai.com"]
+)
+def test_the_openai_api_without_a_key_fails_at_construction_in_one_line(base_url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        OpenAIChatModel("gpt-4o-mini", base_url=base_url)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "set OPENAI_API_KEY" in message and "api_key=" in message
+    # An empty variable is no key either, and a custom variable is the one named.
+    with pytest.raises(ValueError, match="set MY_KEY in the environment or pass api_key="):
+        OpenAIChatModel("gpt-4o-mini", base_url=base_url, api_key_env="MY_KEY")
+
+
+def test_a_key_from_the_argument_or_the_environment_is_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert OpenAIChatModel("gpt-4o-mini", api_key="sk-arg")._resolve_key() == "sk-arg"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    assert OpenAIChatModel("gpt-4o-mini")._resolve_key() == "sk-env"
+
+
+def test_other_endpoints_need_no_key() -> None:
+    for url in ("http://127.0.0.1:8000/v1", "https://openai.example.com/v1"):
+        assert OpenAIChatModel("m", base_url=url)._resolve_key() is None
+
+
+async def test_the_openai_api_without_a_key_fails_before_any_request_in_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key that disappears after construction (a child's environment) fails in ``stream()``.
+
+    Every request would go through the proxy below (``trust_env``), so an empty request log
+    proves that nothing was sent.
+    """
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-at-construction")
+    model = OpenAIChatModel("gpt-4o-mini")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    async with LoopbackServer([]) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url.removesuffix("/v1"))
+        async with asyncio.timeout(HANG_GUARD):
+            error = await raises(model)
+    assert type(error) is ModelError and error.retryable is False
+    assert "set OPENAI_API_KEY in the environment or pass api_key=" in str(error)
+    assert proxy.requests == []
 
 
 # --- streaming ----------------------------------------------------------------------------------

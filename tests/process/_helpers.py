@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -34,3 +35,16 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def until(condition: Callable[[], bool], within: float = GUARD, what: str = "") -> None:
+    """Return as soon as ``condition()`` holds; fail after ``within`` seconds (a hang guard).
+
+    For state outside this process that has no event to wait on (a file a job writes, a pid
+    in /proc, a cgroup directory): it is looked at every few milliseconds.
+    """
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not true within {within} s: {what or condition}")
+        await asyncio.sleep(0.005)

@@ -83,7 +83,8 @@ def die_mid_result() -> None:
     from zett_agent.process._worker import _channel_fd
 
     fd = _channel_fd()
-    os.write(fd, _protocol.HEADER.pack(8 << 20) + b"[" + b"1," * 100_000)
+    # a frame the parent accepts (under the protocol's largest), cut short by the death
+    os.write(fd, _protocol.HEADER.pack(512 << 10) + b"[" + b"1," * 100_000)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -194,7 +195,8 @@ def bad_text_result() -> None:
     from zett_agent.process._worker import _channel
 
     assert _channel is not None
-    _channel._send_frame(b'{"k":"result","text":3,"u":{"cpu":0.0,"maxrss":0}}')
+    _channel._send_frame(b'{"k":"begin","m":"result"}')
+    _channel._send_frame(b'{"k":"text","n":3,"c":3,"w":1,"a":false}')
     _channel._send_frame(b"\xff\xfe\xfd")
     time.sleep(600)
 
@@ -209,3 +211,20 @@ def fork_and_return() -> int:
 
 def echo_size(data: str) -> int:
     return len(data)
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def echo_value(value: Any) -> Any:
+    return value
+
+
+def fork_many(n: int) -> int:
+    """Fork ``n`` sleepers (a fork beyond the tree's process limit raises)."""
+    for _ in range(n):
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+    return n

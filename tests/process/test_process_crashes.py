@@ -78,9 +78,13 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "result not JSON": (
         _jobs.return_unserializable,
         (),
-        _check_failed("TypeError", "results must be JSON-compatible"),
+        _check_failed("TypeError", "results must be JSON data"),
     ),
-    "garbage bytes": (_jobs.write_garbage, (b"\xff" * 64,), _check_protocol("exceeds")),
+    "garbage bytes": (
+        _jobs.write_garbage,
+        (b"\xff" * 64,),
+        _check_protocol("larger than any frame"),
+    ),
     "invalid JSON": (_jobs.write_garbage, (_frame(b"{nope"),), _check_protocol("not valid JSON")),
     "invalid UTF-8": (_jobs.write_garbage, (_frame(b'"\xff"'),), _check_protocol("UTF-8")),
     "unknown kind": (_jobs.write_garbage, (_frame(b'{"k":"hello"}'),), _check_protocol("kind")),
@@ -88,18 +92,23 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "oversized frame": (
         _jobs.write_garbage,
         (HEADER.pack(1 << 30) + b"x" * 100,),
-        _check_protocol("max_frame_bytes"),
+        _check_protocol("larger than any frame"),
+    ),
+    "oversized JSON frame": (
+        _jobs.write_garbage,
+        (_frame(b'{"k":"event","v":"' + b"x" * (1 << 17) + b'"}'),),
+        _check_protocol("at most 65536"),
     ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_crash_gives_typed_error_and_sibling_completes(
-    case: str, fifo: tuple[str, int]
+    case: str, fifo: tuple[str, int], containment: str
 ) -> None:
     fn, args, check = CASES[case]
     path, keep = fifo
-    async with ProcessPool(2) as pool:
+    async with ProcessPool(2, containment=containment) as pool:
         sibling = pool.submit(_jobs.wait_for_go, path)
         assert await first_event(sibling) == "ready"
         job = pool.submit(fn, *args)
@@ -120,9 +129,10 @@ async def test_crash_gives_typed_error_and_sibling_completes(
 
 async def test_killed_from_outside_is_a_crash_and_sibling_completes(
     fifo: tuple[str, int],
+    containment: str,
 ) -> None:
     path, keep = fifo
-    async with ProcessPool(2) as pool:
+    async with ProcessPool(2, containment=containment) as pool:
         sibling = pool.submit(_jobs.wait_for_go, path)
         victim = pool.submit(_jobs.ready_then_sleep)
         assert await first_event(sibling) == "ready"
@@ -138,16 +148,16 @@ async def test_killed_from_outside_is_a_crash_and_sibling_completes(
             assert await sibling == "ok"
 
 
-async def test_protocol_error_kills_the_worker() -> None:
-    async with ProcessPool(1) as pool:
+async def test_protocol_error_kills_the_worker(containment: str) -> None:
+    async with ProcessPool(1, containment=containment) as pool:
         job = pool.submit(_jobs.write_garbage, _frame(b"[]"))
         error = await outcome(job)
         assert isinstance(error, ProtocolError)
-        assert "unknown kind" in str(error)
+        assert "not a message object" in str(error)
 
 
-async def test_remote_traceback_is_kept() -> None:
-    async with ProcessPool(1) as pool:
+async def test_remote_traceback_is_kept(containment: str) -> None:
+    async with ProcessPool(1, containment=containment) as pool:
         error = await outcome(pool.submit(_jobs.raise_value_error))
     assert isinstance(error, JobFailed)
     assert "raise_value_error" in error.traceback_text

@@ -209,9 +209,11 @@ def endless_events(size: int, counter_path: str) -> None:
 
 
 def announce_text_then(size: int, raw: bytes) -> None:
-    """Announce a raw text result of ``size`` bytes, then send ``raw`` as its frame."""
-    announce = b'{"k":"result","text":%d,"u":{"cpu":0.0,"maxrss":0}}' % size
-    os.write(channel_fd(), frame(announce) + frame(raw))
+    """Announce a streamed result that is a text of ``size`` bytes, then send ``raw`` as its
+    text frame."""
+    begin = b'{"k":"begin","m":"result"}'
+    announce = b'{"k":"text","n":%d,"c":%d,"w":1,"a":false}' % (size, size)
+    os.write(channel_fd(), frame(begin) + frame(announce) + frame(raw))
     time.sleep(600)
 
 

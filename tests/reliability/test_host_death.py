@@ -125,7 +125,7 @@ HOST = textwrap.dedent(
 
         definition = SubAgentDefinition("child", "spawns grandchildren", "p", model=Child(),
                                         tools=(SPAWN,))
-        extension = AsyncSubAgentExtension([definition], max_concurrent=N, max_workers=N)
+        extension = AsyncSubAgentExtension([definition], max_concurrent=N, max_children=N)
         client = await create_agent(
             Parent(), config=AgentRunConfig(session_id="s"), extensions=[extension],
             tools=(AgentTool("report", "", {"type": "object", "properties": {}}, report),),

@@ -119,16 +119,15 @@ class ScriptedChild:
 
 
 class SoakExtension(AsyncSubAgentExtension):
-    """Reports every start, finish and cancel to the soak's ledger (parent side only)."""
+    """Reports every start, finish and cancel to the soak's ledger.
+
+    The ledger stays in the parent without any help: the extension object never travels to a
+    child (it does not override ``_create_child``, so not even its class does).
+    """
 
     def __init__(self, *args: Any, ledger: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ledger = ledger
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state.pop("_ledger", None)  # the ledger lives in the parent; children never see it
-        return state
 
     async def task_started(self, task: SubAgentTask) -> None:
         self._ledger.started(task)

@@ -45,7 +45,7 @@ from zett_agent.tools import AgentTool
 
 SESSIONS = 4
 MAX_CONCURRENT = 4  # per session
-MAX_WORKERS = 4  # processes of the shared pool: most tasks wait as pending
+MAX_CHILDREN = 4  # the global process cap: most tasks wait as pending, "waiting for a process"
 MAX_RETAINED = 2  # small, so finished tasks are evicted all the time
 BIG_REPORT = 512 * 1024  # characters of a cancel_writing child's report
 #: the parent's RSS after the run may exceed its RSS after the warm-up by this much
@@ -465,7 +465,7 @@ async def test_soak(request: pytest.FixtureRequest, tmp_path: Path) -> None:
         ledger=ledger,
         max_concurrent=MAX_CONCURRENT,
         max_retained=MAX_RETAINED,
-        max_workers=MAX_WORKERS,
+        max_children=MAX_CHILDREN,
     )
     started = time.monotonic()
     async with Beacons(str(tmp_path / "beacons")).running() as beacons, extension:

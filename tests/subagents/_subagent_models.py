@@ -89,6 +89,22 @@ BURN = AgentTool(
 WHOAMI = AgentTool("whoami", "Return the pid.", {"type": "object", "properties": {}}, _whoami)
 
 
+def _report_progress() -> str:
+    from zett_agent.process import emit
+
+    emit({"kind": "progress", "done": 1, "total": 3})
+    emit({"kind": "progress", "done": 2, "total": 3})
+    # Not counts: each is ignored, and the last good report stands.
+    for bad in ({"done": -1}, {"done": True}, {"done": "3"}, {"done": 3, "total": 2.5}, {}):
+        emit({"kind": "progress", **bad})
+    return "reported"
+
+
+PROGRESS = AgentTool(
+    "progress", "Report progress.", {"type": "object", "properties": {}}, _report_progress
+)
+
+
 class GateModel:
     """A child that answers only once the test writes to the FIFO at ``path`` (no sleeping)."""
 

@@ -18,6 +18,7 @@ import pytest
 from _subagent_models import (
     BURN,
     HOG,
+    PROGRESS,
     SEGFAULT,
     SPIN,
     WHOAMI,
@@ -30,7 +31,6 @@ from _subagent_models import (
 from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
-from zett_agent.extensions._inprocess import InProcessRunner
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -41,6 +41,7 @@ from zett_agent.extensions.tool_guidelines import ToolGuidelinesExtension
 from zett_agent.messages import AgentMessage, AssistantMessage
 from zett_agent.model import Model, ModelRequest
 from zett_agent.process import ProcessLimits
+from zett_agent.runners import InProcessRunner
 from zett_agent.tools import AgentTool
 
 HANG_GUARD = 60
@@ -55,10 +56,9 @@ def runner(request: pytest.FixtureRequest) -> str:
 
 
 def build(cls: type[E], runner: str, *args: Any, **kwargs: Any) -> E:
-    extension = cls(*args, **kwargs)
     if runner == "in-process":
-        extension._runner = InProcessRunner()  # type: ignore[assignment]
-    return extension
+        kwargs["runner"] = InProcessRunner()
+    return cls(*args, **kwargs)
 
 
 def worker(
@@ -127,6 +127,38 @@ async def test_child_runs_in_its_own_process_and_reports_progress() -> None:
     assert (task.input_tokens, task.output_tokens) == (14, 6)
     assert task.output == content
     assert gone(child_pid)
+
+
+async def test_a_tool_in_the_child_reports_its_own_progress() -> None:
+    child = ChildModel(answer="{last}", tools=[("progress", {})])
+    async with AsyncSubAgentExtension([worker(child, tools=(PROGRESS,))]) as extension:
+        await run_parent(
+            extension,
+            [
+                call("task_start", subagent_type="worker", description="p", prompt="report"),
+                lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
+                lambda r: final(json.dumps(last_json(r))),
+            ],
+        )
+        [task] = extension.tasks("parent")
+        info = extension.task_info(task)
+    assert task.output == "reported"
+    assert task.progress == {"done": 2, "total": 3}
+    assert info["progress"] == {"done": 2, "total": 3}
+
+
+def test_progress_events_keep_counts_only() -> None:
+    task = SubAgentTask("t", "p", "p/t", "worker", "d", "prompt")
+    assert task.progress is None
+    task.fold_progress({"kind": "progress", "done": 5})
+    assert task.progress == {"done": 5}
+    task.fold_progress({"kind": "progress", "done": 6, "total": 10, "extra": "x" * 10**6})
+    assert task.progress == {"done": 6, "total": 10}  # only the counts are kept
+    for bad in (None, False, True, -1, 1.5, "7", [7], {"n": 7}):
+        task.fold_progress({"kind": "progress", "done": bad, "total": 10})
+        if bad is not None:
+            task.fold_progress({"kind": "progress", "done": 7, "total": bad})
+    assert task.progress == {"done": 6, "total": 10}
 
 
 async def test_tasks_are_visible_only_to_their_session(runner: str) -> None:

@@ -5,17 +5,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from zett_agent._demo._scenario import SESSION, DemoOptions, default_root, run_demo
+from zett_agent._demo._scenario import (
+    DEFAULT_TIMEOUT,
+    LARGE_RUN_SECONDS,
+    MAX_HASHERS,
+    SESSION,
+    DemoOptions,
+    DemoResult,
+    default_root,
+    estimate,
+    run_demo,
+)
+
+if TYPE_CHECKING:
+    from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 
 DESCRIPTION = """\
 Run the zett_agent demo, offline, no API key: a parent agent starts background children
 through the real task tools, each child in its own OS process. Several hash the files of a
 folder (real CPU work, in parallel); one spins forever and is hard-cancelled (its process tree
 is killed); one segfaults and fails cleanly. The parent keeps working meanwhile and then reads
-the reports. A live table shows status, pid, CPU, memory, turns, last tool and elapsed time.
+the reports. A live table shows each task's status, pid, files hashed, CPU, memory and time.
 """
+
+#: Exit statuses: bad arguments (argparse's own), the run failed or timed out, interrupted.
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +50,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="folder whose files the children hash (default: zett_agent's own source)",
     )
     parser.add_argument(
-        "--hashers", type=int, default=4, help="hashing children to start (default 4)"
+        "--hashers",
+        type=int,
+        default=4,
+        help=f"hashing children to start, 1 to {MAX_HASHERS} (default 4)",
     )
     parser.add_argument(
         "--rounds",
@@ -38,9 +62,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="hash rounds per file: more is more CPU work (default 40000)",
     )
     parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"stop the run (and kill every child) after this long (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print machine-readable results instead of the view"
     )
-    parser.add_argument("--plain", action="store_true", help="no live view (for logs and pipes)")
+    parser.add_argument(
+        "--plain", action="store_true", help="no live view, progress lines instead (for logs)"
+    )
     parser.add_argument(
         "--model",
         default=None,
@@ -52,16 +85,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _fail(message: str, status: int = EXIT_USAGE) -> int:
+    print(f"zett-agent demo: {message}", file=sys.stderr)
+    return status
 
-    root = args.path or default_root()
-    if not Path(root).is_dir():
-        print(f"zett-agent demo: {root!r} is not a folder", file=sys.stderr)
-        return 2
-    if args.hashers < 1 or args.rounds < 1:
-        print("zett-agent demo: --hashers and --rounds must be >= 1", file=sys.stderr)
-        return 2
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.path or default_root())
+    if not root.is_dir():
+        return _fail(f"{str(root)!r} is not a folder; pass a folder whose files to hash")
+    if not 1 <= args.hashers <= MAX_HASHERS:
+        return _fail(f"--hashers must be between 1 and {MAX_HASHERS} (one process each)")
+    if args.rounds < 1:
+        return _fail("--rounds must be >= 1")
+    if not 0 < args.timeout < float("inf"):
+        return _fail("--timeout must be a positive number of seconds")
     model = None
     if args.model:
         from zett_agent.models import model_from_spec
@@ -69,33 +107,121 @@ def run(args: argparse.Namespace) -> int:
         try:
             model = model_from_spec(args.model, base_url=args.base_url)
         except ValueError as exc:
-            print(f"zett-agent demo: {exc}", file=sys.stderr)
-            return 2
+            return _fail(str(exc))
+    elif args.base_url:
+        return _fail("--base-url needs --model too, for example --model openai:qwen2.5:7b")
     options = DemoOptions(
-        root=str(Path(root).resolve()), hashers=args.hashers, rounds=args.rounds, model=model
+        root=str(root.resolve()),
+        hashers=args.hashers,
+        rounds=args.rounds,
+        model=model,
+        timeout=args.timeout,
     )
-    if args.json:
-        result = asyncio.run(run_demo(options))
-        print(json.dumps(result.to_json(), indent=2))
-        return 0
-    return _run_with_view(options, plain=args.plain or not sys.stdout.isatty())
+    plain = args.plain or not sys.stdout.isatty()
+    if not args.json:
+        print(f"zett_agent demo: children hash the files of {options.root}", flush=True)
+    from zett_agent._demo._work import list_files
+
+    files = list_files(options.root)
+    if not files:
+        return _fail(
+            f"{options.root} has no files to hash (tool folders such as .git and .venv are "
+            "skipped); pass a folder that has files, or none for zett_agent's own source"
+        )
+    _warn_if_large(files, options)
+    try:
+        if args.json:
+            result = asyncio.run(run_demo(options, files=files))
+            print(json.dumps(result.to_json(), indent=2))
+        else:
+            result = _run_with_view(options, files, plain=plain)
+    except KeyboardInterrupt:
+        return _fail("interrupted; every child's process tree was killed", EXIT_INTERRUPTED)
+    except Exception as exc:
+        from zett_agent.agent import AgentError
+        from zett_agent.model import ModelError
+
+        if isinstance(exc, ModelError | AgentError):
+            return _fail(f"the parent agent failed: {exc}", EXIT_FAILED)
+        raise
+    if result.timed_out:
+        return _fail(
+            f"stopped by --timeout {args.timeout:g} after {result.wall_seconds:.1f} s: "
+            f"{result.files_hashed} of {result.files} files hashed. Give it longer "
+            f"(--timeout), less work per file (--rounds), or a smaller folder.",
+            EXIT_FAILED,
+        )
+    return 0
 
 
-def _run_with_view(options: DemoOptions, *, plain: bool) -> int:
-    from rich.live import Live
+def _warn_if_large(files: Sequence[Path], options: DemoOptions) -> None:
+    cost = estimate(files, options)
+    if cost.wall_seconds <= LARGE_RUN_SECONDS:
+        return
+    cores = min(options.hashers, os.cpu_count() or 1)
+    quick = cost.rounds_for(options.rounds, 20.0)
+    stop = (
+        f"; --timeout {options.timeout:g} s will stop it first"
+        if cost.wall_seconds > options.timeout
+        else ""
+    )
+    print(
+        f"zett-agent demo: warning: {cost.files:,} files ({cost.bytes / 2**20:,.0f} MiB) at "
+        f"--rounds {options.rounds} is about {_duration(cost.cpu_seconds)} of CPU, "
+        f"{_duration(cost.wall_seconds)} on {cores} cores{stop}. For a run of about 20 s: "
+        f"--rounds {quick}.",
+        file=sys.stderr,
+        flush=True,
+    )
 
-    from zett_agent._demo._view import console, live_table, summary
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _run_with_view(options: DemoOptions, files: Sequence[Path], *, plain: bool) -> DemoResult:
+    from zett_agent._demo._view import REFRESH_PER_SECOND, LiveTasks, console, progress_line
 
     out = console(plain)
-    out.print(f"[bold]zett_agent demo[/bold]: children hash {options.root}")
     if plain:
-        result = asyncio.run(run_demo(options))
+        begin = time.monotonic()
+
+        def tick(extension: AsyncSubAgentExtension) -> None:
+            # Runs on the loop: one short line every couple of seconds.
+            line = progress_line(extension.tasks(SESSION), len(files), time.monotonic() - begin)
+            print(line, flush=True)
+
+        result = asyncio.run(run_demo(options, files=files, on_tick=tick))
     else:
-        with Live(console=out, auto_refresh=False, transient=True) as live:
+        from rich.live import Live
 
-            def redraw(extension: object) -> None:
-                live.update(live_table(extension, SESSION), refresh=True)  # type: ignore[arg-type]
+        view = LiveTasks(out, SESSION, len(files))
+        view.warm_up()
+        # rich's refresh thread draws the table at a bounded rate; the loop never waits for it.
+        # A shorter switch interval hands the GIL back to the loop sooner when that thread draws.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.001)
+        try:
+            with Live(
+                console=out,
+                get_renderable=view,
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ):
+                result = asyncio.run(run_demo(options, files=files, on_start=view.attach))
+        finally:
+            sys.setswitchinterval(interval)
+    _print_summary(out, result)
+    return result
 
-            result = asyncio.run(run_demo(options, on_progress=redraw))
-    out.print(summary(result.to_json()))
-    return 0
+
+def _print_summary(out: Any, result: DemoResult) -> None:
+    from zett_agent._demo._view import summary
+
+    out.print(summary(result.to_json(), width=out.size.width))

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zett_agent._demo._models import DemoChildModel, DemoParentModel
-from zett_agent._demo._work import CRASH_TOOL, HASH_TOOL, SPIN_TOOL, list_files
-from zett_agent.agent import AgentRunConfig
+from zett_agent._demo._work import BLOCK_BYTES, CRASH_TOOL, HASH_TOOL, SPIN_TOOL, list_files
+from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTask
 from zett_agent.extensions.subagent import SubAgentDefinition
@@ -24,13 +26,21 @@ from zett_agent.tools import AgentTool
 SESSION = "demo"
 
 
+#: Most hashing children one demo may start (each is a process).
+MAX_HASHERS = 128
+#: Default of ``--timeout``: the whole run, from the first child started to the last report read.
+DEFAULT_TIMEOUT = 300.0
+#: An estimated wall time above this gets a warning before the run starts.
+LARGE_RUN_SECONDS = 60.0
+
+
 @dataclass
 class DemoOptions:
     root: str
     hashers: int = 4
     rounds: int = 40000
     model: Model | None = None  # None: the offline scripted models
-    timeout: float = 120.0
+    timeout: float = DEFAULT_TIMEOUT
 
 
 @dataclass
@@ -42,14 +52,28 @@ class DemoResult:
     files: int
     parent_work: list[str] = field(default_factory=list)
     loop_stalls: list[float] = field(default_factory=list)
+    timed_out: bool = False
+    timeout: float | None = None
 
     @property
     def children_cpu_seconds(self) -> float:
         return float(sum(t.get("cpu_seconds", 0.0) for t in self.tasks))
 
+    @property
+    def files_hashed(self) -> int:
+        return sum(
+            int(t["progress"].get("done", 0))
+            for t in self.tasks
+            if t.get("subagent_type") == "hasher" and isinstance(t.get("progress"), dict)
+        )
+
     def to_json(self) -> dict[str, Any]:
+        stalls = sorted(self.loop_stalls)
+        p99 = stalls[max(0, -(-len(stalls) * 99 // 100) - 1)] if stalls else 0.0
         return {
             "answer": self.answer,
+            "timed_out": self.timed_out,
+            "timeout_seconds": self.timeout,
             "wall_seconds": round(self.wall_seconds, 3),
             "children_cpu_seconds": round(self.children_cpu_seconds, 3),
             "parallel_speedup": round(self.children_cpu_seconds / self.wall_seconds, 2)
@@ -59,8 +83,10 @@ class DemoResult:
             if self.cancel_seconds is None
             else round(self.cancel_seconds, 4),
             "files": self.files,
+            "files_hashed": self.files_hashed,
             "parent_work": self.parent_work,
             "parent_loop_max_stall_ms": round(max(self.loop_stalls, default=0.0) * 1000, 2),
+            "parent_loop_p99_stall_ms": round(p99 * 1000, 2),
             "cpu_count": os.cpu_count(),
             "tasks": self.tasks,
         }
@@ -114,6 +140,32 @@ def start_calls(options: DemoOptions) -> list[dict[str, Any]]:
     return calls
 
 
+#: Scheduling priority of the children (``nice``): their CPU-bound work is background work, so
+#: the parent, whose loop supervises them, gets a core first when it wakes up.
+CHILD_NICE = 10
+
+
+class DemoExtension(AsyncSubAgentExtension):
+    """The extension, with each child at a lower CPU priority and the cancel latency timed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancel_seconds: list[float] = []
+
+    def _create_child(
+        self, definition: SubAgentDefinition, *, model: Model, session_id: str
+    ) -> Agent:
+        # Runs in the child's process, before its agent is built.
+        os.nice(CHILD_NICE)
+        return super()._create_child(definition, model=model, session_id=session_id)
+
+    async def cancel(self, task: SubAgentTask) -> SubAgentTask:
+        begin = time.perf_counter()
+        settled = await super().cancel(task)
+        self.cancel_seconds.append(time.perf_counter() - begin)
+        return settled
+
+
 PARENT_PROMPT = (
     "Start every task below at once with task_start (one call each), keep working with the "
     "survey tool while they run, cancel the spinner with task_cancel once task_status shows it "
@@ -123,15 +175,26 @@ PARENT_PROMPT = (
 
 async def run_demo(
     options: DemoOptions,
-    on_progress: Callable[[AsyncSubAgentExtension], None] | None = None,
+    *,
+    files: Sequence[Path] | None = None,
+    on_start: Callable[[AsyncSubAgentExtension], None] | None = None,
+    on_tick: Callable[[AsyncSubAgentExtension], None] | None = None,
+    tick_seconds: float = 2.0,
 ) -> DemoResult:
-    """Run the scenario; ``on_progress`` is called with the extension whenever it is useful
-    to redraw (the caller decides how often to look at ``extension.tasks``)."""
-    files = list_files(options.root)
+    """Run the scenario and return what happened.
+
+    ``files`` is the folder's listing if the caller already made it. ``on_start`` gets the
+    extension before the parent starts; ``on_tick`` is called with it every ``tick_seconds``
+    from the event loop (keep it cheap: it runs on the loop the demo measures). When
+    ``options.timeout`` passes, the parent's request is cancelled, every child's process tree
+    is killed, and the result says ``timed_out`` with what finished until then.
+
+    Raises what the parent's request raises (``ModelError`` from a real model, for example).
+    """
+    files = list_files(options.root) if files is None else files
     starts = start_calls(options)
     parent_model = options.model or DemoParentModel(starts)
     parent_work: list[str] = []
-    cancel_seconds: list[float] = []
 
     async def survey() -> str:
         """Count lines per file suffix (the parent keeps working while children run)."""
@@ -155,15 +218,14 @@ async def run_demo(
         await asyncio.sleep(min(max(seconds, 0.0), 2.0))
         return "ok"
 
-    class TimedCancel(AsyncSubAgentExtension):
-        async def cancel(self, task: SubAgentTask) -> SubAgentTask:
-            begin = time.perf_counter()
-            settled = await super().cancel(task)
-            cancel_seconds.append(time.perf_counter() - begin)
-            return settled
-
-    extension = TimedCancel(
-        definitions(options.model), max_concurrent=len(starts), max_workers=len(starts)
+    # One process per task, all at once (max_children). The launcher preloads the demo's own
+    # modules (its extension, models and tools are found automatically), so each child starts
+    # warm. Every task is kept until the end (max_retained), so each report can still be read.
+    extension = DemoExtension(
+        definitions(options.model),
+        max_concurrent=len(starts),
+        max_retained=len(starts),
+        max_children=len(starts),
     )
     tools = (
         AgentTool(
@@ -186,43 +248,97 @@ async def run_demo(
             await asyncio.sleep(0.01)
             stalls.append(max(0.0, time.perf_counter() - before - 0.01))
 
+    answer = ""
+    timed_out = False
     begin = time.perf_counter()
     watch = asyncio.ensure_future(ticker())
-    async with extension:
-        client = await create_agent(
-            parent_model,
-            config=AgentRunConfig(session_id=SESSION, max_turns=200),
-            extensions=[extension],
-            tools=tools,
-        )
-        async with client:
-            run = asyncio.ensure_future(client.run(prompt))
-            try:
-                async with asyncio.timeout(options.timeout):
-                    while not run.done():
-                        if on_progress is not None:
-                            on_progress(extension)
-                        await asyncio.wait([run], timeout=0.1)
-                    answer = (await run).content
-            finally:
-                run.cancel()
-            if on_progress is not None:
-                on_progress(extension)
-        wall = time.perf_counter() - begin
-        watch.cancel()
-        await asyncio.wait([watch])
+    try:
+        async with extension:
+            if on_start is not None:
+                on_start(extension)
+            client = await create_agent(
+                parent_model,
+                config=AgentRunConfig(session_id=SESSION, max_turns=1000),
+                extensions=[extension],
+                tools=tools,
+            )
+            async with client:
+                run = asyncio.ensure_future(client.run(prompt))
+                try:
+                    async with asyncio.timeout(options.timeout):
+                        while not run.done():
+                            if on_tick is not None:
+                                on_tick(extension)
+                            await asyncio.wait([run], timeout=tick_seconds)
+                        answer = (await run).content
+                except TimeoutError:
+                    timed_out = True
+                finally:
+                    run.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([run])
+                if on_tick is not None:
+                    on_tick(extension)
+            wall = time.perf_counter() - begin
+        # Read after close(): a task the timeout stopped reads cancelled, not running.
         tasks = [
             dict(extension.task_info(t, include_output=True)) for t in extension.tasks(SESSION)
         ]
+    finally:
+        watch.cancel()
+        await asyncio.wait([watch])
     return DemoResult(
         answer=answer,
         wall_seconds=wall,
         tasks=tasks,
-        cancel_seconds=cancel_seconds[0] if cancel_seconds else None,
+        cancel_seconds=extension.cancel_seconds[0] if extension.cancel_seconds else None,
         files=len(files),
         parent_work=parent_work,
         loop_stalls=stalls,
+        timed_out=timed_out,
+        timeout=options.timeout,
     )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a run will cost, measured on this machine before it starts."""
+
+    files: int
+    bytes: int
+    cpu_seconds: float
+    wall_seconds: float
+
+    def rounds_for(self, rounds: int, wall_seconds: float) -> int:
+        """The ``--rounds`` that would make the hashing take about ``wall_seconds``."""
+        if self.wall_seconds <= 0:
+            return rounds
+        return max(1, int(rounds * wall_seconds / self.wall_seconds))
+
+
+def estimate(files: Sequence[Path], options: DemoOptions) -> Estimate:
+    """Estimate the hashing's CPU and wall time from a few thousand rounds timed here (~10 ms)."""
+    blocks = 0
+    size = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            length = path.stat().st_size
+            size += length
+            blocks += min(length, BLOCK_BYTES)
+    per_round = {n: _round_seconds(n) for n in (0, BLOCK_BYTES)}
+    slope = (per_round[BLOCK_BYTES] - per_round[0]) / BLOCK_BYTES
+    cpu = options.rounds * (len(files) * per_round[0] + blocks * max(slope, 0.0))
+    parallel = max(1, min(options.hashers, len(files), os.cpu_count() or 1))
+    return Estimate(len(files), size, cpu, cpu / parallel)
+
+
+def _round_seconds(block: int, rounds: int = 2000) -> float:
+    data = b"x" * block
+    digest = b"\0" * 32
+    begin = time.perf_counter()
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest + data).digest()
+    return (time.perf_counter() - begin) / rounds
 
 
 def default_root() -> str:

@@ -1,15 +1,38 @@
-"""The demo's terminal view (rich): a live task table and a closing summary."""
+"""The demo's terminal view (rich): a live task table, progress lines and a closing summary.
+
+The live table is drawn by rich's own refresh thread at a bounded rate, never on the event loop:
+the parent's loop only supervises children, so the loop stall the demo reports is the
+supervisor's, not the cost of drawing. Rows are read from the task records (plain attributes)
+and, for running children, from ``/proc`` through psutil, in that thread.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rich.console import Console, Group
+import psutil
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
-from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
+from zett_agent.extensions.async_subagent import (
+    AsyncSubAgentExtension,
+    SubAgentTask,
+    SubAgentTaskStatus,
+)
+
+log = logging.getLogger(__name__)
+
+#: Refreshes per second of the live table (rich's thread; the loop does not wait for them).
+REFRESH_PER_SECOND = 4
+#: Console widths from which the less important columns come back.
+WIDE, WIDER = 100, 120
+#: Lines the table needs besides its rows (title, header, rule, caption, a hidden-rows line).
+TABLE_CHROME = 6
 
 _STYLE = {
     "pending": "dim",
@@ -24,60 +47,249 @@ def _mib(value: Any) -> str:
     return f"{value / 2**20:.0f} MiB" if value else "-"
 
 
-def task_table(infos: list[dict[str, Any]], title: str = "background tasks") -> Table:
-    table = Table(title=title, expand=True)
-    headers = ("task", "type", "status", "pid", "CPU s", "mem", "turns", "last tool", "time")
-    for column in headers:
-        table.add_column(column, no_wrap=True)
-    table.add_column("result", no_wrap=True, overflow="ellipsis", min_width=20, ratio=1)
-    for info in infos:
-        status = str(info.get("status", ""))
-        detail = str(info.get("content") or info.get("error") or info.get("description", ""))
-        table.add_row(
-            str(info.get("task_id")),
-            str(info.get("subagent_type")),
-            Text(status, style=_STYLE.get(status, "")),
-            str(info.get("pid") or "-"),
-            f"{info.get('cpu_seconds', 0):.2f}",
-            _mib(info.get("peak_memory_bytes")),
-            str(info.get("turns", 0)),
-            str(info.get("last_tool") or "-"),
-            f"{info.get('elapsed_seconds', 0):.1f}s",
-            detail[:80],
+def _files(info: dict[str, Any]) -> str:
+    progress = info.get("progress")
+    if not isinstance(progress, dict):
+        return "-"
+    total = progress.get("total")
+    return f"{progress.get('done', 0)}/{total}" if total is not None else str(progress["done"])
+
+
+def files_done(tasks: Sequence[SubAgentTask]) -> int:
+    """Files the hashers reported hashed, summed."""
+    return sum(
+        task.progress.get("done", 0)
+        for task in tasks
+        if task.subagent_type == "hasher" and task.progress is not None
+    )
+
+
+_Cell = Callable[[dict[str, Any]], str]
+
+
+def _columns(width: int) -> list[tuple[str, _Cell, bool]]:
+    """``(header, cell, right-aligned)`` of each column shown at ``width``, the result aside."""
+    columns: list[tuple[str, _Cell, bool]] = [
+        ("task", lambda i: str(i.get("task_id")), False),
+        ("type", lambda i: str(i.get("subagent_type")), False),
+        ("status", lambda i: str(i.get("status", "")), False),
+        ("pid", lambda i: str(i.get("pid") or "-"), False),
+        ("files", _files, False),
+    ]
+    if width >= WIDE:
+        columns.append(("mem", lambda i: _mib(i.get("peak_memory_bytes")), True))
+    columns += [
+        ("CPU s", lambda i: f"{i.get('cpu_seconds', 0):.2f}", True),
+        ("time", lambda i: f"{i.get('elapsed_seconds', 0):.1f}s", True),
+    ]
+    if width >= WIDER:
+        columns += [
+            ("turns", lambda i: str(i.get("turns", 0)), True),
+            ("last tool", lambda i: str(i.get("last_tool") or "-"), False),
+        ]
+    return columns
+
+
+def task_table(
+    infos: Sequence[dict[str, Any]],
+    *,
+    width: int,
+    title: str = "background tasks",
+    caption: str | None = None,
+    hidden: int = 0,
+) -> Text:
+    """The task table for a console ``width`` columns wide, as one styled ``Text``.
+
+    Formatted by hand rather than with ``rich.table.Table``, whose layout costs about 10 ms of
+    CPU a frame: the live view redraws it several times a second in a thread that shares the
+    GIL with the event loop. Every column is as wide as its widest cell, so the columns that
+    tell tasks apart (task id, type) are never cut; the result takes what is left and is cut
+    with an ellipsis. At 80 columns the table keeps status, pid, files, CPU and time; memory
+    comes back from ``WIDE`` columns, turns and the last tool from ``WIDER``.
+    """
+    columns = _columns(width)
+    cells = [[cell(info) for _, cell, _ in columns] for info in infos]
+    if hidden:
+        cells.append(["…", f"{hidden} more", *([""] * (len(columns) - 2))])
+    widths = [
+        max([len(header), *(len(row[n]) for row in cells)])
+        for n, (header, _, _) in enumerate(columns)
+    ]
+    used = sum(widths) + 2 * len(widths)
+    room = max(8, width - used)
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            value.rjust(w) if right else value.ljust(w)
+            for value, w, (_, _, right) in zip(values, widths, columns, strict=True)
         )
-    return table
+
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(title.center(min(width, used + room)).rstrip() + "\n", style="italic")
+    text.append(line([header for header, _, _ in columns]) + "  result\n", style="bold")
+    text.append("─" * min(width, used + room) + "\n")
+    status_at = [header for header, _, _ in columns].index("status")
+    for n, row in enumerate(cells):
+        start = len(text)
+        text.append(line(row) + "  ")
+        if n < len(infos):
+            info = infos[n]
+            detail = str(info.get("content") or info.get("error") or info.get("description", ""))
+            detail = detail.splitlines()[0] if detail else ""
+            text.append(detail if len(detail) <= room else detail[: room - 1] + "…")
+            offset = start + sum(widths[:status_at]) + 2 * status_at
+            style = _STYLE.get(str(info.get("status")), "")
+            if style:
+                text.stylize(style, offset, offset + widths[status_at])
+        text.append("\n")
+    if caption:
+        text.append(caption.center(min(width, used + room)).rstrip(), style="italic")
+    return text
 
 
-def live_table(extension: AsyncSubAgentExtension, session: str) -> Table:
-    return task_table([dict(extension.task_info(t)) for t in extension.tasks(session)])
+class LiveTasks:
+    """The live table of one session's tasks, for ``rich.live.Live(get_renderable=...)``.
+
+    ``attach`` is called from the event loop once the extension exists; ``__call__`` runs in
+    rich's refresh thread. It only reads task records (their fields are replaced whole, so a read
+    sees an old or a new value, never a broken one) and ``/proc``.
+    """
+
+    def __init__(self, console: Console, session: str, total_files: int) -> None:
+        self.console = console
+        self.session = session
+        self.total_files = total_files
+        self._extension: AsyncSubAgentExtension | None = None
+        self._processes: dict[int, psutil.Process] = {}
+        self._peaks: dict[str, int] = {}
+        self._last: RenderableType = Text("starting the children...")
+        self._lock = threading.Lock()
+        self._begin = time.monotonic()
+
+    def attach(self, extension: AsyncSubAgentExtension) -> None:
+        self._extension = extension
+
+    def warm_up(self) -> None:
+        """Draw a sample table once, out of sight, before the loop starts: rich fills its
+        caches (character widths, styles) on first use, which would cost the first live frame
+        several milliseconds of GIL time while the loop runs."""
+        sample = {"task_id": "task-1", "subagent_type": "hasher", "status": "running", "pid": 1}
+        with self.console.capture():
+            self.console.print(task_table([sample], width=self.console.size.width))
+
+    def __call__(self) -> RenderableType:
+        extension = self._extension
+        if extension is None:
+            return self._last
+        with self._lock:
+            try:
+                self._last = self._frame(extension)
+            except Exception:
+                # Whatever went wrong (the registry changed under our feet, say), rich's thread
+                # must not die, or the view would freeze: show the last frame, retry next time.
+                log.debug("drawing the live table failed", exc_info=True)
+            return self._last
+
+    def _frame(self, extension: AsyncSubAgentExtension) -> RenderableType:
+        tasks = extension.tasks(self.session)
+        room = max(3, self.console.size.height - TABLE_CHROME)
+        shown, hidden = _visible(tasks, room)
+        infos = [self._row(task) for task in shown]
+        caption = (
+            f"files hashed: {files_done(tasks)} of {self.total_files}; "
+            f"{time.monotonic() - self._begin:.1f} s"
+        )
+        return task_table(infos, width=self.console.size.width, caption=caption, hidden=hidden)
+
+    def _row(self, task: SubAgentTask) -> dict[str, Any]:
+        status = task.status
+        info: dict[str, Any] = {
+            "task_id": task.task_id,
+            "subagent_type": task.subagent_type,
+            "description": task.description,
+            "status": status.value,
+            "pid": task.pid if status is SubAgentTaskStatus.RUNNING else None,
+            "turns": task.turns,
+            "last_tool": task.last_tool,
+            "elapsed_seconds": task.elapsed,
+            "cpu_seconds": task.cpu_seconds,
+            "peak_memory_bytes": max(task.peak_memory_bytes, self._peaks.get(task.task_id, 0)),
+            "progress": task.progress,
+            "content": task.output,
+            "error": task.error,
+        }
+        pid = info["pid"]
+        if pid:
+            try:
+                process = self._processes.get(pid) or self._processes.setdefault(
+                    pid, psutil.Process(pid)
+                )
+                with process.oneshot():
+                    times = process.cpu_times()
+                    rss = process.memory_info().rss
+                info["cpu_seconds"] = times.user + times.system
+                self._peaks[task.task_id] = max(self._peaks.get(task.task_id, 0), rss)
+                info["peak_memory_bytes"] = self._peaks[task.task_id]
+            except psutil.Error:
+                self._processes.pop(pid, None)
+        return info
 
 
-def summary(data: dict[str, Any]) -> Group:
+def _visible(tasks: Sequence[SubAgentTask], room: int) -> tuple[Sequence[SubAgentTask], int]:
+    """The first ``room`` tasks (one line kept for the count of the others) and that count."""
+    if len(tasks) <= room:
+        return tasks, 0
+    return tasks[: room - 1], len(tasks) - (room - 1)
+
+
+def progress_line(tasks: Sequence[SubAgentTask], total_files: int, elapsed: float) -> str:
+    """One line for ``--plain``: files hashed of total and how many tasks are in each status."""
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task.status.value] = counts.get(task.status.value, 0) + 1
+    statuses = ", ".join(f"{n} {status}" for status, n in counts.items()) or "starting"
+    return f"{elapsed:6.1f} s  files hashed: {files_done(tasks)} of {total_files}  ({statuses})"
+
+
+def summary(data: dict[str, Any], *, width: int) -> Group:
     cancel = data.get("cancel_seconds")
-    lines = [
+    lines = []
+    if data.get("timed_out"):
+        lines.append(
+            f"stopped by --timeout after {data['wall_seconds']:.1f} s: "
+            f"{data.get('files_hashed', 0)} of {data['files']} files hashed; "
+            "every child's process tree was killed"
+        )
+    lines += [
         f"wall time {data['wall_seconds']:.2f} s; children CPU time "
         f"{data['children_cpu_seconds']:.2f} s on {data['cpu_count']} cores: "
         f"parallel speedup x{data['parallel_speedup']}",
         "hard cancel: the spinner's process tree was killed and confirmed gone in "
         + (f"{cancel * 1000:.1f} ms" if cancel is not None else "(not cancelled)"),
-    ]
-    lines.append(
         f"the parent kept working meanwhile (survey: {'; '.join(data['parent_work']) or '-'}); "
-        f"its event loop never stalled more than {data['parent_loop_max_stall_ms']:.1f} ms"
-    )
-    failed = [t for t in data["tasks"] if t["status"] == "failed"]
-    for task in failed:
-        lines.append(
-            f"clean failure: {task['task_id']} ({task['subagent_type']}): {task.get('error')}"
-        )
-    return Group(
-        task_table(data["tasks"], title="final"),
+        f"its event loop never stalled more than {data['parent_loop_max_stall_ms']:.1f} ms "
+        f"(p99 {data['parent_loop_p99_stall_ms']:.1f} ms)",
+    ]
+    for task in data["tasks"]:
+        if task["status"] == "failed":
+            lines.append(
+                f"clean failure: {task['task_id']} ({task['subagent_type']}): {task.get('error')}"
+            )
+    parts: list[RenderableType] = [
+        task_table(
+            data["tasks"],
+            width=width,
+            title="final",
+            caption=f"files hashed: {data.get('files_hashed', 0)} of {data['files']}",
+        ),
         Panel("\n".join(lines), title="summary"),
-        Panel(data["answer"], title="parent's answer"),
-    )
+    ]
+    if data.get("answer"):
+        parts.append(Panel(data["answer"], title="parent's answer"))
+    return Group(*parts)
 
 
 def console(plain: bool) -> Console:
-    return Console(
-        force_terminal=False if plain else None, no_color=plain, width=160 if plain else None
-    )
+    if plain:
+        return Console(force_terminal=False, no_color=True, width=WIDER, highlight=False)
+    return Console(highlight=False)

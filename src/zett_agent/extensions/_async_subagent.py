@@ -14,6 +14,7 @@ from zett_agent.extensions._definition import SubAgentDefinition
 from zett_agent.extensions._runner import failure_reason, report_content
 from zett_agent.extensions._subagent import ChildAgentExtension, short_repr, start_schema
 from zett_agent.extensions._tasks import (
+    NOTICE_REPORT_CHARS,
     SessionTasks,
     SubAgentTask,
     SubAgentTaskInfo,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from zett_agent._model import ModelRequest
     from zett_agent.agent import AgentRunContext
     from zett_agent.process import ProcessLimits, ProcessPool
+    from zett_agent.runners import ChildRunner
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +56,47 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
     Registers ``task_start``, ``task_list``, ``task_status``, ``task_output`` and
     ``task_cancel``. Every child is an ordinary agent with its own session, running in its own
-    OS process of a ``zett_agent.process.ProcessPool``: a child that spins, leaks memory or
-    crashes cannot stall or crash the parent, and cancelling a task kills its whole process tree
+    OS process (the default ``ProcessRunner``): a child that spins, leaks memory or crashes
+    cannot stall or crash the parent, and cancelling a task kills its whole process tree
     before the task reads ``cancelled``.
 
     Tasks live in memory for the lifetime of this object and are visible only to the session
-    that started them. A finished task is announced once, as an ``AgentMessage``, before the
-    next model call of a running request or when the session's next request starts; a task
-    whose result the model already read (``task_output`` or ``task_cancel`` after it finished)
-    is not announced. Call ``close()`` (or use ``async with``) when the application shuts down.
+    that started them. Up to ``max_concurrent`` tasks per session run at once, each in its own
+    process at once, whatever the number of cores: sessions never wait for each other (the only
+    global bound is the runner's ``max_children`` safety cap, 256 by default; a task waiting
+    on it says so in its info). A finished task is announced once, as an ``AgentMessage``,
+    before the next model call of a running request or when the session's next request starts;
+    a task whose result the model already read (``task_output`` or ``task_cancel`` after it
+    finished) is not announced. Call ``close()`` (or use ``async with``) when the application
+    shuts down.
+
+    The extension object never travels to a child: a child receives its definition, its model,
+    its session id and its prompt, plus this class and ``child_state()`` when ``_create_child``
+    is overridden (that method runs in the child; see its docstring).
 
     Args:
         subagents: Profiles the parent may choose; default the built-in ``reasoning`` and
             ``explore`` profiles on the parent's model.
-        max_concurrent: Running tasks allowed per session at once.
-        max_retained: Finished tasks kept per session; the oldest finished are forgotten first.
+        max_concurrent: Running tasks allowed per session at once (starting ones included).
+        max_retained: Finished tasks kept per session, at all times; the oldest finished are
+            forgotten first. A task forgotten before its notice was delivered is announced
+            with a short form of its report (it can no longer be read with ``task_output``).
         notify_parent: Announce finished tasks to the parent.
-        pool: A ``ProcessPool`` to share (left open by ``close()``); default: one created on
-            first use and closed by ``close()``.
+        runner: Where children run: a ``zett_agent.runners.ChildRunner``. Default
+            ``ProcessRunner()`` (a process per child); ``InProcessRunner()`` runs them as
+            asyncio tasks (no hard kill, no isolation; for development without the engine).
+            The extension closes it in ``close()``.
         limits: Default ``ProcessLimits`` for definitions that set none.
-        kill_grace: Seconds between SIGTERM and SIGKILL when cancelling (default: SIGKILL now).
-        max_workers: Processes of the pool this extension creates (default: the CPU count,
-            at least 2); tasks beyond it wait as ``pending``.
+        pool: Shortcut for ``runner=ProcessRunner(pool)``: a ``ProcessPool`` to share (started
+            on first use, left open by ``close()``).
+        kill_grace: Shortcut for ``ProcessRunner(kill_grace=...)``: seconds between SIGTERM
+            and SIGKILL when cancelling (default: SIGKILL at once).
+        max_children: Shortcut for ``ProcessRunner(max_children=...)``: the global cap on
+            children running at once across every session (default 256). ``max_workers`` is
+            its older name.
+
+    Raises:
+        TypeError, ValueError: a bad option (the message names it).
     """
 
     def __init__(
@@ -85,21 +106,36 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         max_concurrent: int = 4,
         max_retained: int = 100,
         notify_parent: bool = True,
-        pool: ProcessPool | None = None,
+        runner: ChildRunner | None = None,
         limits: ProcessLimits | None = None,
-        kill_grace: float = 0.0,
+        pool: ProcessPool | None = None,
+        kill_grace: float | None = None,
+        max_children: int | None = None,
         max_workers: int | None = None,
     ) -> None:
-        if max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
-        if max_retained < 0:
-            raise ValueError(f"max_retained must be >= 0, got {max_retained}")
+        for option, value, least in (
+            ("max_concurrent", max_concurrent, 1),
+            ("max_retained", max_retained, 0),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{option} must be an int, got {value!r}")
+            if value < least:
+                raise ValueError(f"{option} must be >= {least}, got {value}")
         super().__init__(
-            subagents, pool=pool, limits=limits, kill_grace=kill_grace, max_workers=max_workers
+            subagents,
+            runner=runner,
+            pool=pool,
+            limits=limits,
+            kill_grace=kill_grace,
+            max_children=max_children,
+            max_workers=max_workers,
         )
         self.max_concurrent = max_concurrent
         self.max_retained = max_retained
         self.notify_parent = notify_parent
+
+    def _init_runtime(self) -> None:
+        super()._init_runtime()
         self._sessions: dict[str, SessionTasks] = {}
         self._closing = False
 
@@ -107,7 +143,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
     async def on_tool(self, context: AgentRunContext) -> None:
         """Register the task tools for this request (and boot the process pool if needed)."""
-        self._runner.warm_up()
+        self._warm_up(context.model)
         for tool in self.build_tools(context, self.subagents):
             context.register_tool(tool)
 
@@ -166,12 +202,16 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         description: str,
         prompt: str,
     ) -> SubAgentTask:
-        """Start one background task in its own process and return it while it runs.
+        """Start one background task and return it while it runs.
+
+        The ``max_concurrent`` slot is reserved before anything is awaited, so parallel calls
+        never start more than ``max_concurrent`` tasks of a session.
 
         Raises:
             ValueError: If the session already runs ``max_concurrent`` tasks (the message lists
                 them) or the prompt is empty.
-            TypeError: If the definition cannot be shipped to a child process (unpicklable).
+            TypeError: If the definition cannot be shipped to the child (the message names the
+                part that cannot be pickled). Nothing is registered.
             RuntimeError: If the extension is closed.
         """
         if self._closing:
@@ -180,14 +220,16 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             raise ValueError("prompt is empty; give the task the full instructions to work on")
         session = self._session(context.session_id)
         running = session.running()
-        if len(running) >= self.max_concurrent:
+        if len(running) + session.starting >= self.max_concurrent:
             listing = ", ".join(
                 f"{t.task_id} ({t.subagent_type}, {t.status.value})" for t in running
             )
+            if session.starting:
+                listing += f"{', ' if listing else ''}{session.starting} starting"
             raise ValueError(
-                f"this session already runs {len(running)} tasks (max_concurrent="
-                f"{self.max_concurrent}): {listing}. Wait for one with task_output or stop one "
-                "with task_cancel, then start again."
+                f"this session already runs {len(running) + session.starting} tasks "
+                f"(max_concurrent={self.max_concurrent}): {listing}. Wait for one with "
+                "task_output or stop one with task_cancel, then start again."
             )
         self._counter += 1
         task_id = f"task-{self._counter}"
@@ -199,8 +241,19 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             description=description,
             prompt=prompt,
         )
-        spec = self._child_spec(context, definition, session_id=task.session_id, prompt=prompt)
-        task.job = await self._runner.submit(spec)
+        session.starting += 1  # the slot is taken from here on, across the await below
+        try:
+            self._warm_up(context.model)
+            spec = self._child_spec(
+                context.model, definition, session_id=task.session_id, prompt=prompt
+            )
+            job = await self._runner.submit(spec, limits=self._limits(definition))
+        finally:
+            session.starting -= 1
+        if self._closing:  # close() began while the runner was starting
+            await job.cancel()
+            raise RuntimeError("AsyncSubAgentExtension is closed; no new tasks can start")
+        task.job = job
         session.add(task)
         task.watcher = asyncio.get_running_loop().create_task(
             self._watch(task), name=f"zett-agent-{task_id}"
@@ -245,9 +298,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             task.error = failure_reason(error)
             task.transition(SubAgentTaskStatus.FAILED)
         session = self._session(task.parent_session_id)
-        if self.notify_parent:
-            session.unannounced[task.task_id] = task
-        session.evict()
+        session.finish(task, notify=self.notify_parent, render=self._render_notice)
 
     def _record_usage(self, task: SubAgentTask) -> None:
         if task.job is None:
@@ -287,15 +338,15 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         if task.done():
             return task
         if task.job is not None:
-            await asyncio.shield(task.job.cancel(grace=self._runner.kill_grace))
+            await asyncio.shield(task.job.cancel())
         await task.settled.wait()
         return task
 
     async def close(self) -> None:
         """Cancel every running task of every session and wait for them to settle.
 
-        Also closes the process pool this extension created (a shared pool stays open).
-        Idempotent.
+        Then closes the runner: the process pool this extension created (a shared pool stays
+        open). Nothing the extension started outlives this call. Idempotent.
         """
         self._closing = True
         running = [t for s in self._sessions.values() for t in s.running()]
@@ -424,9 +475,11 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Override to add detail. ``include_output`` is true only for the tools that return a
         report, so listings stay short.
         """
+        extra: dict[str, Any] = {}
         if not task.done() and task.job is not None:
             task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
             self._record_usage(task)
+            extra = dict(task.job.info())
         info = SubAgentTaskInfo(
             task_id=task.task_id,
             subagent_type=task.subagent_type,
@@ -442,23 +495,47 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             cpu_seconds=round(task.cpu_seconds, 3),
             peak_memory_bytes=task.peak_memory_bytes,
         )
+        if task.progress is not None:
+            info["progress"] = dict(task.progress)
         if task.error is not None and task.status is not SubAgentTaskStatus.COMPLETED:
             info["error"] = task.error
         if include_output and task.output is not None:
             info["content"] = task.output
+        for key, value in extra.items():  # what the runner knows: waiting for a process...
+            info.setdefault(key, value)  # type: ignore[misc]
         return info
 
     def completion_notice(self, task: SubAgentTask) -> str | None:
-        """Return the message that tells the parent a task finished; ``None`` stays silent."""
+        """Return the message that tells the parent a task finished; ``None`` stays silent.
+
+        The default points at ``task_output``; for a task the registry already forgot
+        (``task.evicted``: more than ``max_retained`` finished before it was announced) it
+        carries the report itself, cut to 2,000 characters, since it can no longer be read.
+        """
         detail = (
             f": {task.error}"
             if task.error and task.status is not SubAgentTaskStatus.COMPLETED
             else ""
         )
-        return (
+        head = (
             f"Background task {task.task_id} ({task.subagent_type}: {task.description}) "
-            f"{task.status.value}{detail}. Read its report with task_output."
+            f"{task.status.value}{detail}."
         )
+        if not task.evicted:
+            return f"{head} Read its report with task_output."
+        forgotten = (
+            f"it was evicted (only the last {self.max_retained} finished tasks are kept) and "
+            "can no longer be read with task_output"
+        )
+        if task.status is not SubAgentTaskStatus.COMPLETED or task.output is None:
+            return f"{head} Its record was evicted: {forgotten}."
+        report = task.output
+        if len(report) > NOTICE_REPORT_CHARS:
+            cut = f", cut to {NOTICE_REPORT_CHARS} of {len(report)} characters"
+            report = report[:NOTICE_REPORT_CHARS] + " [...]"
+        else:
+            cut = ""
+        return f"{head} Its report ({forgotten}{cut}):\n{report}"
 
     async def task_started(self, task: SubAgentTask) -> None:
         """Observe a task that just started; the default does nothing."""
@@ -475,21 +552,32 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     def _mark_read(self, task: SubAgentTask) -> None:
         session = self._sessions.get(task.parent_session_id)
         if session is not None:
-            session.unannounced.pop(task.task_id, None)
+            session.mark_read(task.task_id)
+
+    def _render_notice(self, task: SubAgentTask) -> str | None:
+        """The notice of a task forgotten while its notice was owed (written right then)."""
+        try:
+            return self.completion_notice(task)
+        except Exception:
+            log.exception("completion_notice(%s) raised; notice skipped", task.task_id)
+            return None
 
     def _announce(self, context: AgentRunContext) -> None:
         session = self._sessions.get(context.session_id)
-        if session is None or not session.unannounced:
+        if session is None or not (session.due or session.dropped_notices):
             return
-        ready = list(session.unannounced.values())
-        session.unannounced.clear()
-        session.evict()  # announced tasks beyond max_retained may go now
-        for task in ready:
-            try:
-                text = self.completion_notice(task)
-            except Exception:
-                log.exception("completion_notice(%s) raised; notice skipped", task.task_id)
-                continue
+        due, dropped = session.take_due()
+        if dropped:
+            context.add_message(
+                AgentMessage(
+                    f"{dropped} earlier background tasks finished and were forgotten (only the "
+                    f"last {self.max_retained} finished tasks are kept) before they could be "
+                    "announced; their reports are gone.",
+                    source=self.name,
+                )
+            )
+        for owed in due:
+            text = owed if isinstance(owed, str) else self._render_notice(owed)
             if text is not None:
                 context.add_message(AgentMessage(text, source=self.name))
 

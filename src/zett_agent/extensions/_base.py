@@ -186,13 +186,14 @@ class Extension:
         result: ToolResult,
         error: BaseException | None,
     ) -> ToolResult | None:
-        """Inspect or replace a tool result before it is appended.
+        """Inspect or modify a tool result before it is appended.
 
         ``error`` is the original exception of a failed call (argument errors and unknown
-        tools included) and ``None`` after a successful one. Return a ``ToolResult`` to replace
-        the result (later extensions see the replacement), or ``None`` to keep it. Raising
-        fails the request; the result is not appended. Not called for calls skipped by
-        steering.
+        tools included) and ``None`` after a successful one. Changes made to ``result`` in
+        place (``result.content = ...``, ``result.is_error = ...``) are included in context,
+        persistence and the next model request; returning a ``ToolResult`` replaces it instead
+        (later extensions see the replacement); returning ``None`` keeps it. Raising fails the
+        request; the result is not appended. Not called for calls skipped by steering.
         """
         return None
 

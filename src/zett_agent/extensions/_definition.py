@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from zett_agent._model import Model
-
-if TYPE_CHECKING:
-    from zett_agent.extensions._base import Extension
-    from zett_agent.process import ProcessLimits
-    from zett_agent.tools import AgentTool
+from zett_agent._tools import AgentTool, tool
+from zett_agent.extensions._base import Extension
+from zett_agent.process import ProcessLimits
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SubAgentDefinition:
     """A profile the parent may start children from.
 
@@ -22,40 +20,153 @@ class SubAgentDefinition:
     tools and extensions defined in a script's ``__main__``, a notebook or a REPL work. They must
     hold no live resources (open sockets, locks, event loops) in their pickled state.
 
+    Every field is checked here, at construction, so a mistake fails at the line that made it
+    rather than later inside a child: a wrong type raises ``TypeError`` naming the field and the
+    fix, a bad value ``ValueError``.
+
     Args:
         name: The ``subagent_type`` the model passes to ``task_start``; unique per extension.
         description: One line telling the model when to pick this profile.
         system_prompt: The child's system prompt.
-        model: The child's model; ``None`` means the parent's model.
-        tools: Tools the child may call. Tool restrictions are not an OS sandbox.
-        extensions: Extensions of the child agent (built in the child process).
+        model: The child's model; ``None`` means the parent's model (a copy of it: see the
+            README's offline setup for what a copy of an offline model replays).
+        tools: Tools the child may call: ``AgentTool`` objects, or plain functions, which are
+            wrapped with ``zett_agent.tools.tool`` (type hints and a docstring required). Tool
+            restrictions are not an OS sandbox.
+        extensions: Extensions of the child agent (``Extension`` instances; they run in the
+            child process). An ``AsyncSubAgentExtension`` here lets the child start children
+            of its own, each in its own process inside the child's process tree.
         limits: Wall time, memory, CPU time, open files, environment and working directory of
             the child's process (``zett_agent.process.ProcessLimits``); ``None`` means the
             extension's default limits.
         max_turns: Turn budget of the child's request; ``None`` means the runtime default.
+
+    Raises:
+        TypeError: a field has the wrong type (for example ``limits={"timeout": 1}``).
+        ValueError: a field has a bad value (a name that is not an identifier, an empty
+            description, two tools with one name, ``max_turns < 1``).
     """
 
     name: str
     description: str
     system_prompt: str
-    model: Model | None = None
-    tools: Sequence[AgentTool] = field(default=())
-    extensions: Sequence[Extension] = field(default=())
-    limits: ProcessLimits | None = None
-    max_turns: int | None = None
+    model: Model | None
+    tools: tuple[AgentTool, ...]
+    extensions: tuple[Extension, ...]
+    limits: ProcessLimits | None
+    max_turns: int | None
 
-    def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("-", "_").isidentifier():
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        system_prompt: str,
+        model: Model | None = None,
+        tools: Iterable[AgentTool | Callable[..., Any]] = (),
+        extensions: Iterable[Extension] = (),
+        limits: ProcessLimits | None = None,
+        max_turns: int | None = None,
+    ) -> None:
+        for field_name, value in (
+            ("name", name),
+            ("description", description),
+            ("system_prompt", system_prompt),
+        ):
+            if not isinstance(value, str):
+                raise TypeError(
+                    f"SubAgentDefinition.{field_name} must be a str, got {_kind(value)}"
+                )
+        if not name or not name.replace("-", "_").isidentifier():
             raise ValueError(
-                f"SubAgentDefinition.name must be a short identifier like 'explore', "
-                f"got {self.name!r}"
+                f"SubAgentDefinition.name must be a short identifier like 'explore', got {name!r}"
             )
-        if not self.description.strip():
-            raise ValueError(f"SubAgentDefinition {self.name!r} needs a description")
-        object.__setattr__(self, "tools", tuple(self.tools))
-        object.__setattr__(self, "extensions", tuple(self.extensions))
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        where = f"SubAgentDefinition {name!r}"
+        if not description.strip():
+            raise ValueError(
+                f"{where} needs a description: one line telling the model when to use it"
+            )
+        if model is not None and not callable(getattr(model, "stream", None)):
+            raise TypeError(
+                f"{where}: model must be a Model (an object with an async stream(request) method, "
+                f"such as OpenAIChatModel('gpt-4o-mini') or zett_agent.testing.ScriptedModel), "
+                f"or None for the parent's model; got {_kind(model)}"
+            )
+        if limits is not None and not isinstance(limits, ProcessLimits):
+            raise TypeError(
+                f"{where}: limits must be a zett_agent.process.ProcessLimits or None, got "
+                f"{_kind(limits)}; write limits=ProcessLimits(timeout=..., memory_bytes=...)"
+            )
+        if max_turns is not None and (
+            not isinstance(max_turns, int) or isinstance(max_turns, bool)
+        ):
+            raise TypeError(f"{where}: max_turns must be an int or None, got {_kind(max_turns)}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"{where}: max_turns must be >= 1, got {max_turns}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "description", description)
+        object.__setattr__(self, "system_prompt", system_prompt)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "tools", _tools(where, tools))
+        object.__setattr__(self, "extensions", _extensions(where, extensions))
+        object.__setattr__(self, "limits", limits)
+        object.__setattr__(self, "max_turns", max_turns)
+
+
+def _kind(value: object) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _sequence(where: str, field_name: str, value: object, example: str) -> list[Any]:
+    if isinstance(value, (str, bytes, AgentTool, Extension)) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{where}: {field_name} must be a list, got {_kind(value)}; write "
+            f"{field_name}=[{example}]"
+        )
+    return list(value)
+
+
+def _tools(where: str, tools: Iterable[AgentTool | Callable[..., Any]]) -> tuple[AgentTool, ...]:
+    result: list[AgentTool] = []
+    for index, item in enumerate(_sequence(where, "tools", tools, "my_tool, ...")):
+        if isinstance(item, AgentTool):
+            result.append(item)
+        elif callable(item) and not isinstance(item, type):
+            try:
+                result.append(tool(item))
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"{where}: tools[{index}] ({_kind(item)}) is a plain function that cannot be "
+                    f"made a tool: {exc}. Decorate it with @zett_agent.tools.tool, or build an "
+                    "AgentTool yourself"
+                ) from exc
+        else:
+            raise TypeError(
+                f"{where}: tools[{index}] must be an AgentTool (or a plain function to wrap as "
+                f"one), got {_kind(item)}"
+            )
+    names = [t.name for t in result]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{where}: two tools share a name: {', '.join(repeated)}")
+    return tuple(result)
+
+
+def _extensions(where: str, extensions: Iterable[Extension]) -> tuple[Extension, ...]:
+    result = _sequence(where, "extensions", extensions, "MyExtension(), ...")
+    for index, item in enumerate(result):
+        if not isinstance(item, Extension):
+            hint = (
+                "; pass an instance, MyExtension(), not the class"
+                if isinstance(item, type) and issubclass(item, Extension)
+                else ""
+            )
+            raise TypeError(
+                f"{where}: extensions[{index}] must be an Extension instance, got "
+                f"{_kind(item)}{hint}"
+            )
+    return tuple(result)
 
 
 REASONING_PROMPT = (

@@ -1,14 +1,9 @@
-"""Parent side of running a child agent in the process engine: the pool and failure reasons."""
+"""What a failed child tells its parent: one line per outcome, and the report's text."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-from collections.abc import Sequence
 from typing import Any
 
-from zett_agent.extensions._child import ChildSpec, run_child
 from zett_agent.process import (
     JobCancelled,
     JobFailed,
@@ -16,138 +11,86 @@ from zett_agent.process import (
     LimitExceeded,
     PoolClosed,
     ProcessError,
-    ProcessJob,
-    ProcessLimits,
-    ProcessPool,
     ProtocolError,
     WorkerCrashed,
 )
 
-log = logging.getLogger(__name__)
-
-# Imported once in the pool's launcher, so each forked child starts with the runtime warm.
-# The extension's own modules are in it because the extension object travels with each child.
-CHILD_PRELOAD: tuple[str, ...] = (
-    "zett_agent.agent",
-    "zett_agent.extensions._child",
-    "zett_agent.extensions._file_tools",
-    "zett_agent.extensions._subagent",
-    "zett_agent.extensions._async_subagent",
-)
-
-
-class ChildRunner:
-    """Starts child agents as jobs of a ``ProcessPool``.
-
-    The pool is either shared (given by the application, never closed here) or created on first
-    use in the running event loop and closed by ``close()``.
-    """
-
-    def __init__(
-        self,
-        pool: ProcessPool | None = None,
-        *,
-        max_workers: int | None = None,
-        limits: ProcessLimits | None = None,
-        kill_grace: float = 0.0,
-        preload: Sequence[str] = (),
-    ) -> None:
-        self._shared = pool
-        self._own: ProcessPool | None = None
-        self._max_workers = max_workers
-        self._preload = (*CHILD_PRELOAD, *preload)
-        self.limits = limits
-        self.kill_grace = kill_grace
-        self._lock: asyncio.Lock | None = None
-        self._warming: asyncio.Task[None] | None = None
-        self._closed = False
-
-    def warm_up(self) -> None:
-        """Start the pool in the background, so the first child does not wait for it to boot."""
-        idle = self._shared is None and self._own is None and self._warming is None
-        if idle and not self._closed:
-            self._warming = asyncio.get_running_loop().create_task(self._warm())
-
-    async def _warm(self) -> None:
-        try:
-            await self.pool()
-        except Exception:
-            # The first real submit starts the pool again and reports the error to its caller.
-            log.debug("warming up the process pool failed", exc_info=True)
-
-    async def pool(self) -> ProcessPool:
-        if self._shared is not None:
-            await self._shared.start()  # no-op once started; the application still closes it
-            return self._shared
-        if self._closed:
-            raise RuntimeError("this extension is closed; create a new one to start tasks")
-        if self._own is None:
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            async with self._lock:
-                if self._closed:
-                    raise RuntimeError("this extension is closed; create a new one to start tasks")
-                if self._own is None:
-                    workers = self._max_workers or max(2, os.cpu_count() or 2)
-                    pool = ProcessPool(
-                        max_workers=workers,
-                        spare_workers=min(2, workers),
-                        kill_grace=self.kill_grace,
-                        preload=self._preload,
-                    )
-                    await pool.start()
-                    self._own = pool
-        assert self._own is not None
-        return self._own
-
-    async def submit(self, spec: ChildSpec) -> ProcessJob:
-        """Submit one child; raises ``TypeError`` if the spec cannot be shipped to a process."""
-        pool = await self.pool()
-        limits = spec.definition.limits or self.limits
-        return pool.submit(run_child, spec, limits=limits)
-
-    async def close(self) -> None:
-        """Close the pool this runner created (a shared pool stays open). Idempotent.
-
-        A pool still starting is waited for, then closed, so nothing outlives this call.
-        """
-        self._closed = True
-        if self._warming is not None:
-            await asyncio.gather(self._warming, return_exceptions=True)
-        if self._lock is not None:
-            async with self._lock:
-                pass  # a start in progress has finished (or failed) once the lock is free
-        if self._own is not None:
-            pool, self._own = self._own, None
-            await pool.close()
+#: longest failure reason shown to the model
+MAX_REASON = 500
 
 
 def failure_reason(error: BaseException) -> str:
-    """One line the parent model can act on, for a child that did not complete."""
+    """One line the parent model can act on, for a child that did not complete.
+
+    Keeps the cause: a crash whose ``__cause__`` explains it (the pool's launcher died, for
+    example) names that cause instead of an exit status nobody can act on.
+    """
     match error:
         case JobFailed():
-            return f"the child agent raised {error.type_name}: {error.message}"[:500]
+            text = f"the child agent raised {error.type_name}: {error.message}"
         case WorkerCrashed():
+            why = getattr(error, "reason", None)  # set by engines that know why it was lost
             if error.signal_name:
-                return f"the child process was killed by {error.signal_name}"
-            return f"the child process exited with code {error.exitcode} before reporting"
+                text = f"the child process was killed by {error.signal_name}"
+            elif error.exitcode is not None:
+                text = f"the child process exited with code {error.exitcode} before reporting"
+            elif why:
+                text = f"the child process was lost before reporting: {why}"
+            else:
+                text = "the child process was lost before reporting (its exit status is unknown)"
+            if error.__cause__ is not None and not why:
+                text += f": {_cause(error.__cause__)}"
         case JobTimeout():
-            return f"the child ran out of time (timeout={error.timeout:g}s)"
+            text = f"the child ran out of time (timeout={error.timeout:g}s)"
         case LimitExceeded():
-            return f"the child hit its {error.limit} limit ({error.value})"
+            text = _limit(error)
         case ProtocolError():
-            return f"the child sent invalid data and was killed: {error}"
+            text = f"the child sent invalid data and was killed: {error.reason}"
         case PoolClosed():
-            return "the extension was closed before the child finished"
+            text = "the extension was closed before the child finished"
         case JobCancelled():
-            return "cancelled"
+            text = "cancelled"
         case ProcessError():
-            return str(error)
+            text = str(error)
+            if error.__cause__ is not None:
+                text += f": {_cause(error.__cause__)}"
         case _:
-            return f"{type(error).__name__}: {error}"
+            text = f"{type(error).__name__}: {error}"
+    return _one_line(text)
+
+
+def _cause(cause: BaseException) -> str:
+    text = str(cause) or type(cause).__name__
+    return text if isinstance(cause, ProcessError) else f"{type(cause).__name__}: {text}"
+
+
+def _limit(error: LimitExceeded) -> str:
+    if error.limit == "memory_bytes":
+        reached = f"; peak resident memory {_bytes(error.reached)}" if error.reached else ""
+        return (
+            f"the child hit its memory_bytes limit of {_bytes(error.value)} (address space, "
+            f"which counts more than resident memory{reached})"
+        )
+    if error.limit == "cpu_seconds":
+        used = f", used {error.reached:g} s" if error.reached is not None else ""
+        return f"the child hit its cpu_seconds limit of {error.value:g} s of CPU time{used}"
+    return f"the child hit its {error.limit} limit ({error.value:g})"
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:g} bytes"
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 def report_content(result: Any) -> str:
+    """The text of a child's report (``run_child`` returns ``{"content": ...}``)."""
     if isinstance(result, dict) and isinstance(result.get("content"), str):
         return str(result["content"])
     return str(result)

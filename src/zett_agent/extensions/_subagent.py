@@ -3,56 +3,123 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent.extensions._base import Extension
-from zett_agent.extensions._child import ChildSpec
 from zett_agent.extensions._definition import SubAgentDefinition, default_subagents
-from zett_agent.extensions._runner import ChildRunner, failure_reason, report_content
+from zett_agent.extensions._runner import failure_reason, report_content
+from zett_agent.process import ProcessLimits, ProcessPool
+from zett_agent.runners._base import ChildRunner
+from zett_agent.runners._child import ChildSpec, ProgressModel
+from zett_agent.runners._preload import child_modules
+from zett_agent.runners._process import ProcessRunner
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
     from zett_agent._model import Model
     from zett_agent.agent import Agent, AgentRunContext
-    from zett_agent.process import ProcessLimits, ProcessPool
 
-# Attributes that live only in the parent process; never shipped to a child.
-_PARENT_ONLY = ("_runner", "_sessions", "_counter", "_closing")
+# Attributes that live only where the extension runs; never pickled (see __getstate__).
+_RUNTIME_ONLY = ("_sessions", "_counter", "_closing", "_modules")
 
 
 class ChildAgentExtension(Extension):
-    """Shared base: holds the definitions, the process runner, and builds child agents.
+    """Shared base: holds the definitions and the runner, and builds child agents.
 
-    The extension object itself is shipped to each child process (without its parent-only
-    state) so that an override of ``_create_child`` runs where the child lives.
+    What a child receives is a ``ChildSpec`` (definition, model, session id, prompt, and the
+    extension *class* plus ``child_state()`` when ``_create_child`` is overridden), never this
+    object: the registry, the runner, its pool, and whatever a subclass keeps on ``self``
+    (locks, clients, metrics) stay in the parent.
+
+    An instance is pickled only when it is itself part of a definition (a child that starts
+    children of its own): then its configuration travels, its runtime state (tasks, pool) does
+    not, and the copy creates its own pool in the child on first use.
     """
 
     def __init__(
         self,
         subagents: Sequence[SubAgentDefinition] | None = None,
         *,
+        runner: ChildRunner | None = None,
         pool: ProcessPool | None = None,
         limits: ProcessLimits | None = None,
-        kill_grace: float = 0.0,
+        kill_grace: float | None = None,
+        max_children: int | None = None,
         max_workers: int | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(subagents, SubAgentDefinition):
+            raise TypeError("subagents must be a list of SubAgentDefinition; write [definition]")
         definitions = tuple(default_subagents() if subagents is None else subagents)
         if not definitions:
             raise ValueError("give at least one SubAgentDefinition (or None for the built-ins)")
+        for index, definition in enumerate(definitions):
+            if not isinstance(definition, SubAgentDefinition):
+                raise TypeError(
+                    f"subagents[{index}] must be a SubAgentDefinition, got "
+                    f"{type(definition).__name__}"
+                )
         names = [d.name for d in definitions]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"subagent names must be unique; repeated: {', '.join(duplicates)}")
+        if limits is not None and not isinstance(limits, ProcessLimits):
+            raise TypeError(
+                f"limits must be a zett_agent.process.ProcessLimits or None, got "
+                f"{type(limits).__name__}; write limits=ProcessLimits(timeout=...)"
+            )
+        if max_workers is not None:  # the option's earlier name
+            if max_children is not None:
+                raise ValueError("give max_children (max_workers is its older name), not both")
+            max_children = max_workers
+        if runner is None:
+            runner = ProcessRunner(pool, max_children=max_children, kill_grace=kill_grace)
+            runner.owner = type(self).__name__  # named in the warning if never closed
+        else:
+            given = [
+                name
+                for name, value in (
+                    ("pool", pool),
+                    ("kill_grace", kill_grace),
+                    ("max_children", max_children),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} configure the default ProcessRunner; with runner=, "
+                    f"pass them to the runner instead: ProcessRunner({given[0]}=...)"
+                )
+            if not isinstance(runner, ChildRunner):
+                raise TypeError(
+                    "runner must implement zett_agent.runners.ChildRunner (warm_up, submit, "
+                    f"close), such as ProcessRunner() or InProcessRunner(); got {runner!r}"
+                )
+            if isinstance(runner, ProcessRunner):
+                runner.owner = type(self).__name__
         self.subagents: tuple[SubAgentDefinition, ...] = definitions
-        self._runner = ChildRunner(
-            pool, max_workers=max_workers, limits=limits, kill_grace=kill_grace
-        )
+        self.limits = limits
+        self._runner: ChildRunner = runner
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
         self._counter = 0  # numbers the children this extension started
+        self._modules: dict[type, tuple[str, ...]] = {}
+
+    @property
+    def runner(self) -> ChildRunner:
+        """Where this extension's children run (``ProcessRunner`` unless ``runner=`` said)."""
+        return self._runner
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in _PARENT_ONLY}
+        return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ONLY}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+        if isinstance(self._runner, ProcessRunner):
+            self._runner.owner = type(self).__name__
 
     def definition(self, subagent_type: str) -> SubAgentDefinition:
         """Return the profile named ``subagent_type``; ``ValueError`` lists the valid names."""
@@ -64,14 +131,22 @@ class ChildAgentExtension(Extension):
             f"unknown subagent_type {short_repr(subagent_type)}; choose one of: {known}"
         )
 
+    # -- building children ------------------------------------------------------------------
+
     def _create_child(
         self, definition: SubAgentDefinition, *, model: Model, session_id: str
     ) -> Agent:
-        """Build one child agent. Runs in the child's own process.
+        """Build one child agent. Runs in the child's own process (where the child runs).
 
-        Override to change how children are built (extra tools, extensions, prompts). Use the
-        ``model`` given (it is the definition's model, or the parent's, wrapped to report
-        progress), and return an ordinary ``Agent``.
+        Override to change how children are built (extra tools, extensions, prompts, OS
+        controls applied inside the child). Use the ``model`` given (the definition's model, or
+        the parent's, wrapped to report progress) and return an ordinary ``Agent``.
+
+        ``self`` here is not the parent's extension: it is a fresh instance of your class,
+        made in the child without calling ``__init__``, whose only attributes are those
+        ``child_state()`` returned in the parent. Nothing of the parent's runtime is there
+        (tasks, runner, pool, the subclass's locks or clients). The class travels by reference
+        when its module is importable, by value (cloudpickle) when it lives in ``__main__``.
         """
         from zett_agent.agent import Agent
 
@@ -82,27 +157,79 @@ class ChildAgentExtension(Extension):
             system_prompt=definition.system_prompt,
         )
 
+    def child_state(self) -> Mapping[str, Any]:
+        """Return the picklable configuration ``_create_child`` needs in the child.
+
+        Called in the parent at each start, only when the class overrides ``_create_child``.
+        Each item becomes an attribute of ``self`` inside ``_create_child`` (which runs in the
+        child). The default is empty. Example: ``return {"umask": self.umask}``.
+        """
+        return {}
+
+    @classmethod
+    def _child_instance(cls, state: Mapping[str, Any]) -> ChildAgentExtension:
+        """The ``self`` of ``_create_child`` in the child: no ``__init__``, only ``state``."""
+        instance = cls.__new__(cls)
+        instance.__dict__.update(state)
+        return instance
+
+    def _factory(self) -> type[ChildAgentExtension] | None:
+        cls = type(self)
+        return cls if cls._create_child is not ChildAgentExtension._create_child else None
+
     def _child_spec(
         self,
-        context: AgentRunContext,
+        parent_model: Model,
         definition: SubAgentDefinition,
         *,
         session_id: str,
         prompt: str,
     ) -> ChildSpec:
-        model = definition.model if definition.model is not None else context.model
-        return ChildSpec(self, definition, model, session_id, prompt)
+        if isinstance(parent_model, ProgressModel):  # a child starting children of its own
+            parent_model = parent_model.inner
+        model = definition.model if definition.model is not None else parent_model
+        factory = self._factory()
+        state: Mapping[str, Any] = {}
+        if factory is not None:
+            state = dict(self.child_state())
+            bad = [key for key in state if not isinstance(key, str) or not key.isidentifier()]
+            if bad:
+                raise TypeError(
+                    f"child_state() must map attribute names to values; bad keys: {bad!r}"
+                )
+        return ChildSpec(definition, model, session_id, prompt, factory, state)
+
+    def _warm_up(self, parent_model: Model) -> None:
+        """Tell the runner what the coming children import (computed once per model type)."""
+        if isinstance(parent_model, ProgressModel):
+            parent_model = parent_model.inner
+        key = type(parent_model)
+        modules = self._modules.get(key)
+        if modules is None:
+            modules = self._modules[key] = child_modules(
+                self.subagents, parent_model, self._factory()
+            )
+        self._runner.warm_up(modules)
+
+    def _limits(self, definition: SubAgentDefinition) -> ProcessLimits | None:
+        return definition.limits or self.limits
 
     def _profiles_text(self) -> str:
         return "; ".join(f"{d.name}: {d.description}" for d in self.subagents)
 
+    async def close(self) -> None:
+        """Close the runner (a shared ``ProcessPool`` is left open). Idempotent."""
+        await self._runner.close()
+
 
 class SubAgentExtension(ChildAgentExtension):
-    """Run one child agent in its own process and block the calling tool until it reports.
+    """Run one child agent and block the calling tool until it reports.
 
     Registers the tool ``subagent`` (``subagent_type``, ``description``, ``prompt``). The child
-    is an ordinary agent with its own session, built from a ``SubAgentDefinition``; its report is
-    the tool's result. A failed child gives a failed tool result with a one-line reason.
+    is an ordinary agent with its own session, built from a ``SubAgentDefinition`` in its own
+    process (or wherever ``runner=`` runs it; see ``AsyncSubAgentExtension`` for the options);
+    its report is the tool's result. A failed child gives a failed tool result with a one-line
+    reason.
 
     Cancellation: cancelling the parent's request kills the child's whole process tree and
     waits until it is gone before the cancellation propagates.
@@ -111,7 +238,7 @@ class SubAgentExtension(ChildAgentExtension):
     tool_name = "subagent"
 
     async def on_tool(self, context: AgentRunContext) -> None:
-        self._runner.warm_up()
+        self._warm_up(context.model)
         context.register_tool(self.build_tool(context))
 
     def build_tool(self, context: AgentRunContext) -> AgentTool:
@@ -140,21 +267,22 @@ class SubAgentExtension(ChildAgentExtension):
     ) -> str:
         """Run one child to completion and return its report.
 
-        Raises ``ValueError`` for an unknown profile or empty prompt and ``RuntimeError`` with a
-        one-line reason when the child fails.
+        Raises ``ValueError`` for an unknown profile or empty prompt, ``TypeError`` when the
+        definition cannot be shipped to the child (naming the part), and ``RuntimeError`` with
+        a one-line reason when the child fails.
         """
         definition = self.definition(subagent_type)
         if not prompt.strip():
             raise ValueError("prompt is empty; give the subagent the full task to work on")
         self._counter += 1
         session_id = f"{context.session_id}/subagent-{self._counter}"
-        job = await self._runner.submit(
-            self._child_spec(context, definition, session_id=session_id, prompt=prompt)
-        )
+        self._warm_up(context.model)
+        spec = self._child_spec(context.model, definition, session_id=session_id, prompt=prompt)
+        job = await self._runner.submit(spec, limits=self._limits(definition))
         try:
             await job.wait()
         except asyncio.CancelledError:
-            await asyncio.shield(job.cancel(grace=self._runner.kill_grace))
+            await asyncio.shield(job.cancel())
             raise
         error = job.exception()
         if error is not None:
@@ -162,7 +290,7 @@ class SubAgentExtension(ChildAgentExtension):
         return report_content(job.result())
 
     async def close(self) -> None:
-        """Close the process pool this extension created (a shared pool is left open)."""
+        """Close the runner (a shared ``ProcessPool`` is left open). Idempotent."""
         await self._runner.close()
 
     async def __aenter__(self) -> SubAgentExtension:

@@ -6,11 +6,12 @@ import asyncio
 import enum
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
-    from zett_agent.process import ProcessJob
+    from zett_agent.runners._base import ChildJob
 
 
 class SubAgentTaskStatus(enum.Enum):
@@ -52,9 +53,11 @@ class SubAgentTaskInfo(TypedDict, total=False):
     output_tokens: int
     cpu_seconds: float
     peak_memory_bytes: int
+    progress: dict[str, int]
     error: str
     content: str
     hint: str
+    waiting: str
 
 
 @dataclass(eq=False)
@@ -63,6 +66,16 @@ class SubAgentTask:
 
     ``session_id`` is the child's own session; ``parent_session_id`` is the session that started
     it (and the only one that can see it). Progress fields update while the child runs.
+
+    Reading a report from code: ``await extension.wait(task)``, then ``task.output`` (the
+    report of a ``completed`` task) or ``task.error`` (the one-line reason of a ``failed`` or
+    ``cancelled`` one); ``extension.task_info(task, include_output=True)`` gives both as the
+    model sees them. The object keeps its report after the registry forgot it (``evicted``).
+
+    ``progress`` is what a tool running in the child last reported about its own work, as
+    ``{"done": n}`` or ``{"done": n, "total": m}``: a tool reports it by calling
+    ``zett_agent.process.emit({"kind": "progress", "done": n, "total": m})`` (non-negative ints;
+    anything else is ignored). It stays ``None`` for children whose tools report nothing.
     """
 
     task_id: str
@@ -85,7 +98,11 @@ class SubAgentTask:
     output_tokens: int = 0
     cpu_seconds: float = 0.0
     peak_memory_bytes: int = 0
-    job: ProcessJob | None = field(default=None, repr=False)
+    #: True once the registry forgot the task (only ``max_retained`` finished tasks are kept):
+    #: the tools can no longer read it, so its completion notice carries a short report
+    evicted: bool = False
+    progress: dict[str, int] | None = None
+    job: ChildJob | None = field(default=None, repr=False)
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -124,6 +141,13 @@ class SubAgentTask:
                 self.last_tool = str(names[-1])[:100]
             self.input_tokens += _int(event.get("input_tokens"))
             self.output_tokens += _int(event.get("output_tokens"))
+        elif kind == "progress":
+            done, total = event.get("done"), event.get("total")
+            if isinstance(done, int) and _count(done):
+                if total is None:
+                    self.progress = {"done": done}
+                elif isinstance(total, int) and _count(total):
+                    self.progress = {"done": done, "total": total}
 
     def __repr__(self) -> str:
         return (
@@ -132,18 +156,43 @@ class SubAgentTask:
         )
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+#: longest report a completion notice carries for a task evicted before it was announced
+NOTICE_REPORT_CHARS = 2000
+
+
 class SessionTasks:
-    """The tasks one parent session started, oldest first, plus the ids it forgot."""
+    """The tasks one parent session started, and the completion notices it still owes.
+
+    Bounds, at all times: running tasks (``max_concurrent``, checked by the extension),
+    finished tasks kept (``max_retained``; the oldest finished are forgotten first, in the order
+    they finished), notices owed for forgotten tasks (each rendered to a short text when its
+    task was forgotten; beyond ``max(max_retained, 16)`` of them the oldest become one count),
+    and the ids remembered as evicted.
+    """
 
     def __init__(self, max_retained: int) -> None:
         self.tasks: OrderedDict[str, SubAgentTask] = OrderedDict()
+        #: ids of the finished tasks kept, oldest finished first
+        self.finished: OrderedDict[str, None] = OrderedDict()
         self.evicted: OrderedDict[str, None] = OrderedDict()
-        self.unannounced: OrderedDict[str, SubAgentTask] = OrderedDict()
+        #: notices owed, in the order the tasks finished: the task while it is kept, else the
+        #: notice text rendered when it was forgotten
+        self.due: OrderedDict[str, SubAgentTask | str] = OrderedDict()
+        #: starts that reserved a ``max_concurrent`` slot and are not registered yet
+        self.starting = 0
+        #: notices of forgotten tasks dropped to keep ``due`` bounded (announced as a count)
+        self.dropped_notices = 0
+        self._rendered = 0
         self._max_retained = max_retained
+        self._max_rendered = max(max_retained, 16)
 
     def running(self) -> list[SubAgentTask]:
         return [t for t in self.tasks.values() if not t.done()]
@@ -151,23 +200,46 @@ class SessionTasks:
     def add(self, task: SubAgentTask) -> None:
         self.tasks[task.task_id] = task
 
-    def evict(self) -> None:
-        """Forget the oldest finished tasks beyond ``max_retained``.
-
-        A task whose completion notice is still due is kept until it was announced (the
-        extension evicts again after announcing): a notice is never lost, and the task it
-        names can still be read. Such tasks are at most those that finished since the
-        session's last model call.
-        """
-        finished = [t for t in self.tasks.values() if t.done()]
-        excess = len(finished) - self._max_retained
-        for task in finished:
-            if excess <= 0:
-                break
-            if task.task_id in self.unannounced:
-                continue
-            del self.tasks[task.task_id]
-            self.evicted[task.task_id] = None
-            excess -= 1
+    def finish(
+        self, task: SubAgentTask, *, notify: bool, render: Callable[[SubAgentTask], str | None]
+    ) -> None:
+        """Record a task that reached its terminal status, then forget the oldest finished
+        tasks beyond ``max_retained``. ``render`` writes the notice of a forgotten task whose
+        notice is still owed (it is called with ``task.evicted`` already true)."""
+        self.finished[task.task_id] = None
+        if notify:
+            self.due[task.task_id] = task
+        while len(self.finished) > self._max_retained:
+            task_id, _ = self.finished.popitem(last=False)
+            forgotten = self.tasks.pop(task_id)
+            forgotten.evicted = True
+            self.evicted[task_id] = None
+            if task_id in self.due:
+                text = render(forgotten)
+                if text is None:
+                    del self.due[task_id]
+                else:
+                    self.due[task_id] = text
+                    self._rendered += 1
+        while self._rendered > self._max_rendered:
+            for task_id, owed in self.due.items():
+                if isinstance(owed, str):
+                    del self.due[task_id]
+                    self._rendered -= 1
+                    self.dropped_notices += 1
+                    break
         while len(self.evicted) > 10 * max(self._max_retained, 100):
             self.evicted.popitem(last=False)
+
+    def mark_read(self, task_id: str) -> None:
+        """The model read the task's outcome through a tool: it owes no notice any more."""
+        owed = self.due.pop(task_id, None)
+        if isinstance(owed, str):
+            self._rendered -= 1
+
+    def take_due(self) -> tuple[list[SubAgentTask | str], int]:
+        """The notices owed (oldest first) and the count of dropped ones; both reset."""
+        due, dropped = list(self.due.values()), self.dropped_notices
+        self.due.clear()
+        self._rendered = self.dropped_notices = 0
+        return due, dropped

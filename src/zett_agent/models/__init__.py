@@ -23,7 +23,8 @@ def model_from_spec(spec: str, *, base_url: str | None = None) -> Model:
     OpenAI API), with the key from ``$OPENAI_API_KEY`` if set. The name may itself contain colons
     (``"openai:qwen2.5:7b"``).
 
-    Raises ``ValueError`` for a spec without a provider or name, or with an unknown provider.
+    Raises ``ValueError`` for a spec without a provider or name, with an unknown provider, or
+    aimed at the OpenAI API with no key (``OpenAIChatModel`` says to set ``$OPENAI_API_KEY``).
     """
     provider, sep, name = spec.partition(":")
     if not sep or not provider or not name:

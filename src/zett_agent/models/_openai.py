@@ -21,7 +21,8 @@ import os
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -49,6 +50,9 @@ _TRANSIENT_STATUSES = frozenset({408, 429})
 
 _USER_AGENT = "zett-agent (OpenAI-compatible chat model)"
 
+#: The host of the OpenAI API itself, the one endpoint that always needs a key.
+_OPENAI_API_HOST = "api.openai.com"
+
 
 class OpenAIChatModel:
     """A ``Model`` that streams from ``POST {base_url}/chat/completions``.
@@ -57,7 +61,11 @@ class OpenAIChatModel:
         model: the model name the endpoint knows (``"gpt-4o-mini"``, ``"qwen2.5:7b"``...).
         base_url: the API root, up to and including ``/v1``.
         api_key: the key to send; when ``None`` it is read from ``$api_key_env`` at every request
-            (so a child process uses its own environment). No ``Authorization`` header is sent when
+            (so a child process uses its own environment). Aimed at the OpenAI API
+            (``api.openai.com``), a model without a key fails before any request: at construction
+            when neither ``api_key`` nor ``$api_key_env`` is set, and in ``stream()`` if the
+            variable is gone by then (a child started with ``ProcessLimits(env=...)`` that
+            lacks it). At any other ``base_url`` no ``Authorization`` header is sent when
             neither is set: local servers need none, and a server that does answers 401.
         api_key_env: the environment variable holding the key.
         retry: how the runtime retries this model's transient errors (see the module docstring).
@@ -72,10 +80,18 @@ class OpenAIChatModel:
     whatever event loop it runs in.
 
     Raises ``ValueError`` for an unusable argument (empty model name, a base URL that is not
-    http(s), a non-positive timeout, an ``extra_body`` that is not JSON-serialisable).
+    http(s), a non-positive timeout, an ``extra_body`` that is not JSON-serialisable), or when
+    aimed at the OpenAI API with no key (the one-line message says to set the variable or pass
+    ``api_key=``).
+
+    Child processes: ``child_preload`` names the module that imports the HTTP stack and loads
+    the CA bundle; a subagent extension's process pool imports it once in its launcher, so a
+    child on this model starts warm and shares that memory.
     """
 
     retry: RetryOptions
+    #: modules a child process on this model would import at its first request (see above)
+    child_preload: ClassVar[tuple[str, ...]] = ("zett_agent.models._openai_preload",)
 
     def __init__(
         self,
@@ -113,6 +129,8 @@ class OpenAIChatModel:
         self.max_tokens = max_tokens
         self.extra_body: dict[str, Any] = body
         self._api_key = api_key
+        if self._needs_key() and self._resolve_key() is None:
+            raise ValueError(self._missing_key_message())
         # Built on first use (loading the CA bundle costs milliseconds), never pickled.
         self._ssl_context: ssl.SSLContext | None = None
 
@@ -149,7 +167,8 @@ class OpenAIChatModel:
                 quoted in the message), a connection that failed or dropped, a timeout
                 (``status`` ``None``), or a stream that ended before the response was complete.
                 The runtime retries these per ``self.retry``.
-            ModelError: (``retryable=False``) any other HTTP error, with the server's own message
+            ModelError: (``retryable=False``) no API key while aimed at the OpenAI API (raised
+                before any request is sent), any other HTTP error, with the server's own message
                 (401: check the API key; 404: check the model name and base URL), a malformed
                 stream, or a tool call whose arguments are not a JSON object (the message names
                 the tool and quotes the text).
@@ -175,6 +194,8 @@ class OpenAIChatModel:
         key = self._resolve_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        elif self._needs_key():
+            raise ModelError(self._missing_key_message(), retryable=False)
         content = json.dumps(body, ensure_ascii=False).encode()
         try:
             async with (
@@ -221,9 +242,22 @@ class OpenAIChatModel:
             return self._api_key
         return os.environ.get(self.api_key_env) or None
 
+    def _needs_key(self) -> bool:
+        """Whether requests go to the OpenAI API itself (other endpoints may need no key)."""
+        return (urlsplit(self.base_url).hostname or "").lower() == _OPENAI_API_HOST
+
+    def _missing_key_message(self) -> str:
+        return (
+            f"OpenAIChatModel({self.model!r}) has no API key for {self.base_url}: set "
+            f"{self.api_key_env} in the environment or pass api_key=... (a local "
+            "OpenAI-compatible server needs none: pass its base_url=)"
+        )
+
     def _ssl(self) -> ssl.SSLContext:
         if self._ssl_context is None:
-            self._ssl_context = httpx.create_ssl_context()
+            from zett_agent.models._openai_preload import default_ssl_context
+
+            self._ssl_context = default_ssl_context()
         return self._ssl_context
 
     def _status_error(self, response: httpx.Response, *, sent_key: bool) -> ModelError:

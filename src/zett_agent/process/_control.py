@@ -1,4 +1,4 @@
-"""The host's handle on the launcher process: start it, talk to it, reap it."""
+"""The host's handle on one launcher process: start it, talk to it, watch it, reap it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
+from . import _scan
 from ._launcher import CONTROL_FD
 
 __all__ = ["LauncherHandle"]
@@ -24,9 +26,13 @@ class LauncherHandle:
     """A started launcher: its pid, a pidfd (readable once it exited) and the control socket.
 
     Everything is non-blocking; the pool registers ``sock`` and ``pidfd`` with its event loop.
+    Requests carry a sequence number the launcher answers; ``overdue`` tells since when the
+    oldest unanswered one waits, which is how a stopped or stuck launcher is noticed.
     """
 
-    def __init__(self, *, preload: tuple[str, ...], max_frame_bytes: int) -> None:
+    def __init__(
+        self, *, preload: tuple[str, ...], max_frame_bytes: int, cgroups: dict[str, str]
+    ) -> None:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_fd = child_sock.fileno()
         extra = None
@@ -42,6 +48,7 @@ class LauncherHandle:
                 str(os.getpid()),
                 str(max_frame_bytes),
                 json.dumps(list(preload)),
+                json.dumps(cgroups),
             ]
             self.pid = os.posix_spawn(
                 sys.executable,
@@ -64,9 +71,33 @@ class LauncherHandle:
                 os.close(extra)
         self.sock = host_sock
         self.sock.setblocking(False)
-        self.pidfd = os.pidfd_open(self.pid)
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except BaseException:
+            self.sock.close()
+            with contextlib.suppress(ChildProcessError):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            raise
         self.returncode: int | None = None
         self._outbox: list[bytes] = []
+        self._seq = 0
+        #: sequence number -> when it was sent, for requests not answered yet
+        self._waiting: dict[int, float] = {}
+
+    def request(self, message: dict[str, Any]) -> bool:
+        """Send a request the launcher must answer; see ``send`` for the return value."""
+        self._seq += 1
+        self._waiting[self._seq] = time.monotonic()
+        return self.send({**message, "seq": self._seq})
+
+    def answered(self, seq: object) -> None:
+        if isinstance(seq, int):
+            self._waiting.pop(seq, None)
+
+    def overdue(self) -> float | None:
+        """When the oldest unanswered request was sent (``time.monotonic``), or None."""
+        return min(self._waiting.values()) if self._waiting else None
 
     def send(self, message: dict[str, Any]) -> bool:
         """Queue ``message``; return True if it could not be written at once (caller must
@@ -112,7 +143,20 @@ class LauncherHandle:
             for fd in fds:
                 os.close(fd)
             raise EOFError
-        return json.loads(data), fds
+        try:
+            message = json.loads(data)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            for fd in fds:
+                os.close(fd)
+            return {"op": "garbage"}, []
+        return message, fds
+
+    def stopped(self) -> bool:
+        """Whether the launcher is stopped (SIGSTOP) or traced, or already dead."""
+        found = _scan.state(self.pid)
+        return found is None or found[1] in "TtZXx"
 
     def try_reap(self) -> bool:
         """Reap the launcher if it exited (call when ``pidfd`` is readable)."""
@@ -128,8 +172,19 @@ class LauncherHandle:
         self.returncode = os.waitstatus_to_exitcode(status)
         return True
 
+    def describe_exit(self) -> str:
+        code = self.returncode
+        if code is None:
+            return "it stopped answering"
+        if code < 0:
+            try:
+                return f"it was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"it was killed by signal {-code}"
+        return f"it exited with status {code}"
+
     def kill(self) -> None:
-        """SIGKILL the launcher (last resort of ``close``); its workers die with it."""
+        """SIGKILL the launcher; its workers die with it (parent-death signal)."""
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 

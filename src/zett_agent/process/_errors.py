@@ -53,16 +53,22 @@ class WorkerCrashed(ProcessError):
     """The child process died before it sent a result.
 
     Exactly one of ``exitcode`` (it exited, e.g. ``os._exit(3)``) or ``signal_name`` (it was
-    killed by a signal, e.g. ``"SIGSEGV"``) is set; both are ``None`` when the exit status is
-    unknown (the pool's launcher process itself died).
+    killed by a signal, e.g. ``"SIGSEGV"``) is set when the exit status is known. Both are
+    ``None`` when it is not: then ``reason`` says why (the pool's launcher process died or
+    stopped answering, and took the worker with it; the details are in ``__cause__``).
     """
 
-    def __init__(self, exitcode: int | None, signal_name: str | None) -> None:
+    def __init__(
+        self, exitcode: int | None, signal_name: str | None, reason: str | None = None
+    ) -> None:
         self.exitcode = exitcode
         self.signal_name = signal_name
-        super().__init__(exitcode, signal_name)
+        self.reason = reason
+        super().__init__(exitcode, signal_name, reason)
 
     def __str__(self) -> str:
+        if self.reason is not None:
+            return f"the worker process was killed before sending a result: {self.reason}"
         if self.signal_name is not None:
             how = f"was killed by {self.signal_name}"
         elif self.exitcode is not None:
@@ -74,8 +80,10 @@ class WorkerCrashed(ProcessError):
             "process (native crash, os._exit, os.abort, or a signal from outside)"
         )
 
-    def __reduce__(self) -> tuple[type[WorkerCrashed], tuple[int | None, str | None]]:
-        return (type(self), (self.exitcode, self.signal_name))
+    def __reduce__(
+        self,
+    ) -> tuple[type[WorkerCrashed], tuple[int | None, str | None, str | None]]:
+        return (type(self), (self.exitcode, self.signal_name, self.reason))
 
 
 class JobTimeout(ProcessError):
@@ -95,12 +103,35 @@ class JobTimeout(ProcessError):
         return (type(self), (self.timeout,))
 
 
+def human_bytes(value: float) -> str:
+    """``536870912`` -> ``"512 MiB"``; ``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            text = f"{value:.1f}".rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+#: what each limit measures, and how the measured value reads, for LimitExceeded's message
+_MEASURES = {
+    "memory_bytes": (
+        "address space per process (RLIMIT_AS counts memory reserved, not only memory used, "
+        "so the peak resident size{reached} can be far lower)",
+        " of {}",
+    ),
+    "cpu_seconds": ("CPU time per process (RLIMIT_CPU{reached})", "; used {}"),
+    "tree_memory_bytes": ("memory of the whole process tree (memory.max{reached})", "; peak {}"),
+    "max_processes": ("processes of the whole tree (pids.max{reached})", "; {}"),
+}
+
+
 class LimitExceeded(ProcessError):
     """The job hit a resource limit of its ``ProcessLimits``.
 
-    ``limit`` names the field (``"memory_bytes"`` or ``"cpu_seconds"``), ``value`` is the
-    configured limit, ``reached`` what was measured (peak resident bytes for memory, CPU seconds
-    for CPU; ``None`` when unknown).
+    ``limit`` names the field (``"memory_bytes"``, ``"cpu_seconds"``, ``"tree_memory_bytes"``),
+    ``value`` is the configured limit, ``reached`` what was measured (peak resident bytes for
+    memory, CPU seconds for CPU; ``None`` when unknown).
     """
 
     def __init__(self, limit: str, value: float, reached: float | None) -> None:
@@ -109,11 +140,20 @@ class LimitExceeded(ProcessError):
         self.reached = reached
         super().__init__(limit, value, reached)
 
+    def _amount(self, value: float) -> str:
+        if self.limit.endswith("bytes"):
+            return human_bytes(value)
+        if self.limit == "cpu_seconds":
+            return f"{value:g} s"
+        return f"{value:g}"
+
     def __str__(self) -> str:
-        reached = "" if self.reached is None else f" (reached {self.reached:g})"
+        measures, reached = _MEASURES.get(self.limit, (self.limit + "{reached}", "; {}"))
+        shown = "" if self.reached is None else reached.format(self._amount(self.reached))
         return (
-            f"the job exceeded its limit {self.limit}={self.value:g}{reached}; raise "
-            f"ProcessLimits.{self.limit} or make the job use less"
+            f"the job exceeded its limit {self.limit}={self._amount(self.value)}: "
+            f"{measures.format(reached=shown)}; raise ProcessLimits.{self.limit} or make the "
+            "job use less"
         )
 
     def __reduce__(self) -> tuple[type[LimitExceeded], tuple[str, float, float | None]]:

@@ -94,7 +94,10 @@ class ProcessJob:
         self._waiters: list[asyncio.Future[None]] = []
         self._result: Any = None
         self._exception: BaseException | None = None
-        self._events: deque[Any] = deque()
+        #: events not yet taken by ``events()``, with the memory each is counted for
+        self._events: deque[tuple[Any, int]] = deque()
+        #: memory counted for the buffered events (an upper bound, see ``_decode``)
+        self._held = 0
         self._max_events = max_buffered_events
         self._event_waiter: asyncio.Future[None] | None = None
         self._consumer = False
@@ -255,14 +258,26 @@ class ProcessJob:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _push_event(self, value: Any) -> bool:
-        """Store an event; return True if the reader should pause (consumer behind)."""
-        self._events.append(value)
+    def _push_event(self, value: Any, cost: int) -> None:
+        """Store an event; without a consumer, drop the oldest beyond ``max_buffered_events``."""
+        self._events.append((value, cost))
+        self._held += cost
         if len(self._events) > self._max_events and not self._consumer:
-            self._events.popleft()
-            self.dropped_events += 1
+            self._drop_oldest()
         self._wake_consumer()
-        return self._consumer and len(self._events) >= self._max_events
+
+    def _drop_oldest(self) -> bool:
+        """Forget the oldest buffered event (nobody reads them); False if there is none."""
+        if not self._events:
+            return False
+        _value, cost = self._events.popleft()
+        self._held -= cost
+        self.dropped_events += 1
+        return True
+
+    @property
+    def _events_full(self) -> bool:
+        return len(self._events) >= self._max_events
 
     def _wake_consumer(self) -> None:
         waiter = self._event_waiter
@@ -274,8 +289,9 @@ class ProcessJob:
 
         One consumer per job (a second call raises ``RuntimeError``). While a consumer exists
         and ``max_buffered_events`` are waiting, the pool stops reading the child's socket, so
-        the child's ``emit`` blocks (backpressure). Before anyone calls ``events()`` the oldest
-        events are dropped beyond the bound (counted in ``dropped_events``), so ``await job``
+        the child's ``emit`` blocks (backpressure); likewise once the events waiting hold more
+        than the pool's ``max_buffered_bytes``. Before anyone calls ``events()`` the oldest
+        events are dropped beyond either bound (counted in ``dropped_events``), so ``await job``
         alone never deadlocks. The iterator does not raise the job's error; await the job.
         """
         if self._consumer:
@@ -324,7 +340,8 @@ class _EventStream:
         job = self._job
         while True:
             if job._events:
-                value = job._events.popleft()
+                value, cost = job._events.popleft()
+                job._held -= cost
                 job._pool._events_consumed(job)
                 return value
             if job._done.done():

@@ -1,29 +1,37 @@
-"""The launcher: one small process per pool that forks workers, reaps them and kills trees.
+"""The launcher: one small process per pool that forks workers and reaps every descendant.
 
 Started by the pool with ``posix_spawn`` (never ``multiprocessing``; it never imports the host's
-``__main__``). It is a child subreaper, so every orphaned descendant of every worker lands on it
-and is reaped here; it runs no job code, so it always answers.
+``__main__``). It imports the pool's preload modules once, so every worker it forks starts
+warm. It is a child subreaper, so orphans of every worker land on it and are reaped here.
+
+It is not trusted with a job's fate: a job can stop or kill it (it is the worker's parent).
+The host kills trees itself (through the cgroup, or a /proc freeze from its own thread),
+watches each worker through a pidfd, expects an answer to every request within a deadline,
+and replaces a launcher that died or stopped answering.
 
 Control protocol (one ``SOCK_SEQPACKET`` socket, one JSON object per record):
 
 host -> launcher
-    ``{"op": "spawn", "n": N}``   fork N workers
-    ``{"op": "term", "pid": P}``  SIGTERM worker P and its descendants
-    ``{"op": "kill", "pid": P}``  freeze and SIGKILL worker P's whole tree
-    ``{"op": "shutdown"}``        kill everything, reap it, exit
+    ``{"op": "spawn", "n": N, "seq": S}``  fork N workers
+    ``{"op": "sweep", "seq": S}``          (scan containment) kill orphans now
+    ``{"op": "ping", "seq": S}``           just answer
+    ``{"op": "shutdown"}``                 kill everything, reap it, exit
 launcher -> host
     ``{"op": "hello", "pid": ...}`` or ``{"op": "hello", "error": ...}``
-    ``{"op": "worker", "pid": P}`` with the host end of P's socket attached (SCM_RIGHTS)
+    ``{"op": "ok", "seq": S}``             request S was taken (sweep: done)
+    ``{"op": "worker", "pid": P, "cg": NAME}`` with the host end of P's socket and a pidfd of
+    P attached (SCM_RIGHTS)
     ``{"op": "spawn_failed", "error": ...}``
-    ``{"op": "exit", "pid": P, "code": .., "signal": .., "cpu": .., "maxrss": ..}`` sent once P
-    is reaped *and* every process of its tree that had to be killed is reaped too.
+    ``{"op": "exit", "pid": P, "code": .., "signal": .., "cpu": .., "maxrss": ..}`` once P is
+    reaped (scan containment: and the orphans it left are killed and dead)
 
 When the host goes away (EOF on the control socket, or SIGTERM from ``PR_SET_PDEATHSIG``) the
-launcher kills every tree, reaps everything and exits.
+launcher kills every worker tree, reaps everything it can and exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -33,15 +41,17 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
-from . import _linux, _tree
-from ._protocol import CLEAN_EXIT
+from . import _cgroup, _linux, _scan
 
 __all__ = ["main"]
 
 CONTROL_FD = 3
+#: longest time the launcher spends killing and reaping at shutdown
+_SHUTDOWN_LIMIT = 5.0
 
 
 def _noop(signum: int, frame: object) -> None:
@@ -49,19 +59,23 @@ def _noop(signum: int, frame: object) -> None:
 
 
 class _Launcher:
-    def __init__(self, ctrl: socket.socket, max_frame_bytes: int) -> None:
+    def __init__(self, ctrl: socket.socket, max_frame_bytes: int, cgroups: dict[str, str]) -> None:
         self.ctrl = ctrl
         self.max_frame_bytes = max_frame_bytes
+        #: ``{"workers": path}`` under cgroup containment, empty under scan containment
+        self.workers_cg = cgroups.get("workers")
         self.pid = os.getpid()
-        #: workers forked and not yet reaped
-        self.workers: set[int] = set()
-        #: worker pid -> pids killed with its tree and not yet reaped
-        self.killing: dict[int, set[int]] = {}
-        #: exit reports waiting until every pid of their set is reaped
-        self.deferred: list[tuple[dict[str, Any], set[int]]] = []
+        #: workers forked and not yet reaped -> their cgroup name
+        self.workers: dict[int, str] = {}
+        #: cgroups of workers that never reached the host, to remove once empty (the host
+        #: removes the others: it watches them, and a removal would hide their last change)
+        self.stale_cgroups: set[str] = set()
         self.stopping = False
+        #: the host asked for the shutdown (it removes the cgroups), or went away (we do)
+        self.host_gone = True
         #: workers the host asked for and not forked yet (one per loop turn)
         self.to_spawn = 0
+        self.counter = 0
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
 
@@ -94,27 +108,30 @@ class _Launcher:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGHUP, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         self.ctrl.setblocking(False)
         self.selector.register(self.ctrl, selectors.EVENT_READ, "ctrl")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         self.send({"op": "hello", "pid": self.pid})
         while not self.stopping:
-            # forks wait behind everything else: a kill must not queue behind a batch of them
-            timeout = 0 if self.to_spawn else None
+            # forks wait behind everything else: a request must not queue behind a batch
+            # of them; leftover cgroups are looked at again twice a second while any exist
+            timeout = 0 if self.to_spawn else (0.5 if self.stale_cgroups else None)
             for key, _ in self.selector.select(timeout):
                 if key.data == "ctrl":
                     self._read_control()
                 else:
-                    try:
-                        while os.read(self.wake_r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    self._drain_wakeups()
             self._reap()
             if self.to_spawn and not self.stopping:
                 self.to_spawn -= 1
                 self._fork_worker()
         self._shutdown()
+
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 4096):
+                pass
 
     def _read_control(self) -> None:
         while not self.stopping:
@@ -128,29 +145,38 @@ class _Launcher:
                 self.stopping = True
                 return
             message = json.loads(data)
-            op = message["op"]
+            op = message.get("op")
             if op == "spawn":
                 self.to_spawn += int(message["n"])
-            elif op == "kill":
-                pid = int(message["pid"])
-                if pid in self.workers and pid not in self.killing:
-                    self.killing[pid] = _tree.freeze_and_kill([pid])
-            elif op == "term":
-                pid = int(message["pid"])
-                if pid in self.workers and pid not in self.killing:
-                    _tree.signal_tree([pid], signal.SIGTERM)
+            elif op == "sweep":
+                self._reap()
+                self._sweep()
             elif op == "shutdown":
                 self.stopping = True
+                self.host_gone = False
+            if "seq" in message:
+                self.send({"op": "ok", "seq": message["seq"]})
 
     # -- workers ----------------------------------------------------------------------------
 
     def _fork_worker(self) -> None:
-        host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.counter += 1
+        name = f"w-{self.counter}"
+        cgroup = f"{self.workers_cg}/{name}" if self.workers_cg else None
+        try:
+            if cgroup is not None:
+                os.mkdir(cgroup)
+            host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            self.send({"op": "spawn_failed", "error": f"could not prepare a worker: {exc}"})
+            return
         try:
             pid = os.fork()
         except OSError as exc:
             host_end.close()
             worker_end.close()
+            if cgroup is not None:
+                _cgroup.remove_tree(cgroup)
             self.send({"op": "spawn_failed", "error": f"fork failed: {exc}"})
             return
         if pid == 0:
@@ -160,32 +186,47 @@ class _Launcher:
                 self._forget_in_child()
                 from . import _worker
 
-                _worker.serve(worker_end, self.pid, self.max_frame_bytes)
+                # under cgroup containment a worker whose launcher dies may die at once (its
+                # cgroup holds its tree); otherwise it stops, and the host kills its tree whole
+                pdeath = signal.SIGKILL if self.workers_cg else signal.SIGSTOP
+                _worker.serve(worker_end, self.pid, self.max_frame_bytes, pdeath)
             except BaseException:
                 traceback.print_exc()
             finally:
                 os._exit(code)
         worker_end.close()
-        self.workers.add(pid)
-        self.send({"op": "worker", "pid": pid}, [host_end.fileno()])
-        host_end.close()
+        self.workers[pid] = name
+        try:
+            if cgroup is not None:
+                # before anyone can give it a job: from here on, all it starts stays inside
+                _cgroup.write(f"{cgroup}/cgroup.procs", str(pid))
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            host_end.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            if cgroup is not None:
+                self.stale_cgroups.add(cgroup)
+            self.send({"op": "spawn_failed", "error": f"could not contain a worker: {exc}"})
+            return
+        try:
+            self.send({"op": "worker", "pid": pid, "cg": name}, [host_end.fileno(), pidfd])
+        finally:
+            host_end.close()
+            os.close(pidfd)
 
     def _forget_in_child(self) -> None:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         self.selector.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.ctrl.close()
 
-    def _orphans(self) -> set[int]:
-        """Direct children that are not live workers: leftovers of dead workers' trees."""
-        return _tree.children_of(_tree.scan(), self.pid) - self.workers
-
     def _reap(self) -> None:
+        reports = []
         while True:
             try:
                 pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -193,71 +234,104 @@ class _Launcher:
                 break
             if pid == 0:
                 break
-            self._on_reaped(pid, status, usage)
-        if self.deferred:
-            still = []
-            for message, pending in self.deferred:
-                if pending:
-                    still.append((message, pending))
-                else:
-                    self.send(message)
-            self.deferred = still
+            name = self.workers.pop(pid, None)
+            if name is None:
+                continue  # an orphan of some worker's tree
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            reports.append(
+                {
+                    "op": "exit",
+                    "pid": pid,
+                    "code": code,
+                    "signal": signum,
+                    "cpu": usage.ru_utime + usage.ru_stime,
+                    "maxrss": usage.ru_maxrss * 1024,
+                }
+            )
+        if reports and self.workers_cg is None:
+            # whatever its exit status says, a worker may have left processes behind
+            self._sweep()
+        for report in reports:
+            self.send(report)
+        self._remove_cgroups()
 
-    def _on_reaped(self, pid: int, status: int, usage: Any) -> None:
-        for pending in self.killing.values():
-            pending.discard(pid)
-        for _, pending in self.deferred:
-            pending.discard(pid)
-        if pid not in self.workers:
+    def _sweep(self) -> None:
+        """Scan containment: kill every child that is not a live worker, until none is left.
+
+        Such a child is an orphan of a worker's tree (reparented here because the worker died,
+        or because the job switched the worker's subreaper flag off)."""
+        if self.workers_cg is not None:
             return
-        self.workers.discard(pid)
-        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-        signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        message = {
-            "op": "exit",
-            "pid": pid,
-            "code": code,
-            "signal": signum,
-            "cpu": usage.ru_utime + usage.ru_stime,
-            "maxrss": usage.ru_maxrss * 1024,
+        while True:
+            alive = self._live_children() - set(self.workers)
+            if not alive:
+                break
+            _scan.wait_dead(_scan.freeze_and_kill(alive, exclude=self.workers), timeout=1.0)
+            self._reap_orphans()
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        for pid in _scan.children(self.pid) - set(self.workers):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+    def _remove_cgroups(self) -> None:
+        for cgroup in list(self.stale_cgroups):
+            if _cgroup.populated(cgroup):
+                _cgroup.kill(cgroup)
+            elif _cgroup.remove_tree(cgroup):
+                self.stale_cgroups.discard(cgroup)
+
+    def _live_children(self) -> set[int]:
+        return {
+            pid
+            for pid in _scan.children(self.pid)
+            if (found := _scan.state(pid)) is not None and found[1] != "Z"
         }
-        if pid in self.killing:
-            # its whole tree was frozen and killed at once: waiting for those pids is enough
-            pending = self.killing.pop(pid)
-        elif code != CLEAN_EXIT:
-            # a worker that did not finish cleanly may have left descendants; they were
-            # reparented to us before we were told of its death
-            pending = _tree.freeze_and_kill(self._orphans())
-        else:
-            pending = set()
-        self.deferred.append((message, pending))
 
     def _shutdown(self) -> None:
-        _tree.freeze_and_kill(_tree.children_of(_tree.scan(), self.pid))
-        while True:
-            try:
-                pid, status, usage = os.wait4(-1, 0)
-            except ChildProcessError:
-                break
-            except InterruptedError:
+        """Kill everything, reap what can be reaped, give up after ``_SHUTDOWN_LIMIT``.
+
+        Never waits on a process it did not kill: each round kills what is alive (through the
+        workers' cgroup, and by freezing whatever child is still alive, an escapee included),
+        then waits for SIGCHLD or a short while.
+        """
+        deadline = time.monotonic() + _SHUTDOWN_LIMIT
+        while time.monotonic() < deadline:
+            self._reap()
+            contained = self.workers_cg is not None and _cgroup.populated(self.workers_cg)
+            if contained:
+                _cgroup.kill(self.workers_cg)  # type: ignore[arg-type]
+            live = self._live_children()
+            if live:
+                _scan.wait_dead(_scan.freeze_and_kill(live), timeout=1.0)
                 continue
-            self._on_reaped(pid, status, usage)
-        for message, _ in self.deferred:
-            self.send(message)
-        self.deferred = []
+            if not contained and not _scan.children(self.pid):
+                break
+            select.select([self.wake_r], [], [], 0.05)
+            self._drain_wakeups()
+        if self.host_gone and self.workers_cg is not None:
+            # nobody else will: the next pool would, but only once this host's pid is gone
+            for name in os.listdir(self.workers_cg):
+                _cgroup.remove_tree(f"{self.workers_cg}/{name}")
+        self._remove_cgroups()
 
 
 def main() -> None:
     """Entry point of the launcher process (see the module docstring)."""
     host_pid, max_frame_bytes = int(sys.argv[2]), int(sys.argv[3])
     preload = json.loads(sys.argv[4])
+    cgroups: dict[str, str] = json.loads(sys.argv[5])
     ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=CONTROL_FD)
     _linux.set_child_subreaper()
     _linux.set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != host_pid:
         return  # the host died before we could watch it
-    launcher = _Launcher(ctrl, max_frame_bytes)
+    launcher = _Launcher(ctrl, max_frame_bytes, cgroups)
     try:
+        if "launcher" in cgroups:
+            _cgroup.write(f"{cgroups['launcher']}/cgroup.procs", "0")
         for name in preload:
             importlib.import_module(name)
         import cloudpickle  # noqa: F401 - imported once here so every worker starts warm

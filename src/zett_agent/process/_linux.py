@@ -1,4 +1,4 @@
-"""The few Linux process controls the engine needs (``prctl``), through ctypes.
+"""The few Linux process controls the engine needs, through ctypes: ``prctl`` and ``inotify``.
 
 Imported by the launcher and the worker, so it imports nothing heavy.
 """
@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import struct
+import sys
 
-__all__ = ["set_child_subreaper", "set_parent_death_signal"]
+__all__ = [
+    "Inotify",
+    "get_child_subreaper",
+    "linux_problem",
+    "set_child_subreaper",
+    "set_parent_death_signal",
+]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _prctl = _libc.prctl
@@ -22,7 +32,7 @@ _prctl.restype = ctypes.c_int
 def _call(option: int, value: int) -> None:
     if _prctl(option, value, 0, 0, 0) != 0:
         errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl({option}, {value}) failed")
+        raise OSError(errno, f"prctl({option}, {value}) failed: {os.strerror(errno)}")
 
 
 def set_child_subreaper(enabled: bool = True) -> None:
@@ -30,6 +40,95 @@ def set_child_subreaper(enabled: bool = True) -> None:
     _call(_PR_SET_CHILD_SUBREAPER, int(enabled))
 
 
+def get_child_subreaper() -> bool:
+    """Whether this process is a child subreaper."""
+    out = ctypes.c_int(0)
+    if _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(out), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+    return bool(out.value)
+
+
 def set_parent_death_signal(signum: int) -> None:
     """Ask the kernel to send ``signum`` to this process when its parent thread dies."""
     _call(_PR_SET_PDEATHSIG, signum)
+
+
+def linux_problem() -> str | None:
+    """Why the process engine cannot run here, in one line, or ``None`` if it can.
+
+    It needs Linux 5.3 or newer (``pidfd_open``, ``pidfd_send_signal``, child subreapers).
+    """
+    if not sys.platform.startswith("linux"):
+        return (
+            f"zett_agent.process needs Linux (pidfds, prctl, /proc), and this is "
+            f"{sys.platform}; run the host on Linux (a VM or container), or use "
+            "zett_agent.runners.InProcessRunner for development (no isolation, no hard kill)"
+        )
+    release = os.uname().release
+    try:
+        major, minor = (int(part) for part in release.split(".")[:2])
+    except ValueError:
+        return None  # an unusual release string: try, and let the calls fail if they must
+    if (major, minor) < (5, 3):
+        return (
+            f"zett_agent.process needs Linux 5.3 or newer (pidfd_open), and this kernel is "
+            f"{release}; upgrade the kernel or use zett_agent.runners.InProcessRunner"
+        )
+    return None
+
+
+# -- inotify ---------------------------------------------------------------------------------
+
+IN_MODIFY = 0x00000002
+IN_IGNORED = 0x00008000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")
+
+
+class Inotify:
+    """A non-blocking inotify descriptor: readable when a watched file changed.
+
+    The engine watches ``cgroup.events`` files with it: the kernel reports each change of a
+    cgroup's ``populated`` state as a modification.
+    """
+
+    def __init__(self) -> None:
+        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"inotify_init1: {os.strerror(errno)}")
+        self.fd: int = fd
+
+    def add_watch(self, path: str, mask: int = IN_MODIFY) -> int:
+        """Watch ``path``; return the watch descriptor. Raises ``OSError`` (``ENOENT`` if the
+        file is gone, ``ENOSPC`` when the user's watch limit is reached)."""
+        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
+        if wd < 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"inotify_add_watch({path}): {os.strerror(errno)}")
+        return int(wd)
+
+    def rm_watch(self, wd: int) -> None:
+        """Stop watching (ignores a watch the kernel already dropped, e.g. for a removed file)."""
+        _libc.inotify_rm_watch(self.fd, wd)
+
+    def read(self) -> list[tuple[int, int]]:
+        """``(wd, mask)`` of every pending event; empty when none is pending."""
+        out: list[tuple[int, int]] = []
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return out
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                out.append((wd, mask))
+                offset += _EVENT.size + length
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,34 +1,45 @@
 """``ProcessPool``: runs jobs in worker processes, supervised from the asyncio event loop.
 
 Structure: one launcher process per pool (``_launcher``) forks workers ahead of demand and
-reports their deaths; the pool talks to it over one control socket, and to each worker over
-that worker's own socket. Everything is driven by ``loop.add_reader`` callbacks (no threads,
-no polling): the control socket, the launcher's pidfd, and each worker socket.
+reaps them; the pool talks to it over one control socket, and to each worker over that
+worker's own socket (``_channel``). Everything is driven by event-loop callbacks: the control
+socket, the launcher's pidfd, each worker's socket and pidfd, and the containment's own
+notifications (``_containment``: a cgroup per worker, or /proc freezes in a kill thread).
 
-A job is finished by whichever comes first of: a ``result``/``error`` frame from its worker, or
-the launcher's report that the worker died (then, a crash, unless the pool itself was killing
-the job, in which case the reason it was killed). The launcher reports a death only after the
-worker *and every process of its tree that had to be killed* are reaped, which is what makes
-``cancel()`` return only once the tree is gone.
+The host never trusts a worker or the launcher with a job's fate:
+
+- a job ends with the first of: its result or error message, the death of its worker, or a
+  kill by the pool (cancel, timeout, protocol error, close), whose reason then wins;
+- a kill is the host's own (``Containment.kill``), and a killed job settles only once its
+  whole tree is confirmed dead;
+- a worker that will run no other job is killed as soon as its last answer arrives, so
+  nothing a job started (a forged early result, a daemon thread, a double-forked process)
+  outlives its result; a worker to be reused must be checked clean first;
+- the launcher must answer every request within ``_LAUNCHER_DEADLINE`` (at once if it is
+  seen stopped); a launcher that died or stopped answering is replaced, its workers' trees are
+  killed and their jobs fail with an error that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
+import functools
 import os
-import pickle
+import resource
 import signal
 import socket
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import cloudpickle
-
+from . import _containment
+from ._channel import Channel
+from ._containment import Containment
 from ._control import LauncherHandle
+from ._decode import Message
 from ._errors import (
     JobCancelled,
     JobFailed,
@@ -40,99 +51,32 @@ from ._errors import (
     WorkerCrashed,
 )
 from ._job import JobStatus, ProcessJob
-from ._limits import ProcessLimits
-from ._protocol import (
-    FLAG_LAST,
-    HEADER,
-    MAX_FRAME_LIMIT,
-    BufferCache,
-    FrameDecoder,
-    FrameError,
-    decode_message,
-)
+from ._limits import ProcessLimits, check_limits
+from ._linux import linux_problem
+from ._pickling import pickle_job
+from ._protocol import FLAG_LAST, HEADER
+from ._supervised import Worker, WorkerState
 
 __all__ = ["ProcessPool"]
 
 _NO_LIMITS = ProcessLimits()
-#: frames handled per reader callback before yielding to the loop (keeps stalls short)
-_FRAMES_PER_CALLBACK = 64
-_RECV_SIZE = 1 << 18
-#: how long close() waits for the launcher to report every tree dead before SIGKILLing it
-_CLOSE_TIMEOUT = 5.0
 _START_TIMEOUT = 60.0
-#: how long a worker that closed its socket mid-job may take to be reported dead before it is
-#: killed as a protocol breaker (a dying worker closes its socket just before the report)
+#: how long close() waits for the launcher to exit before SIGKILLing it, and for the trees
+_CLOSE_TIMEOUT = 5.0
+#: how long a worker that closed its socket mid-job may live on before it is killed as a
+#: protocol breaker (a dying worker closes its socket just before its pidfd reports the death)
 _EOF_GRACE = 1.0
 #: longest delay of the fork that replaces a spare which just took a job, while another spare
 #: is still ready (see ``_top_up``)
 _REPLACE_DELAY = 0.005
-#: how long the receive buffer of a large frame is kept for the next one
-_BUFFER_KEEP = 2.0
-
-
-class _WorkerState(enum.Enum):
-    IDLE = "idle"  # ready for a job
-    BUSY = "busy"  # running a job
-    RETIRING = "retiring"  # will run no more jobs; waiting for its death report
-    DEAD = "dead"
-
-
-class _Worker:
-    """The host's view of one worker process."""
-
-    def __init__(
-        self, pid: int, sock: socket.socket, max_frame_bytes: int, buffers: BufferCache
-    ) -> None:
-        self.pid = pid
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.decoder = FrameDecoder(max_frame_bytes, buffers)
-        self.state = _WorkerState.IDLE
-        self.job: ProcessJob | None = None
-        self.jobs_done = 0
-        self.last_sent = False
-        self.reading = False
-        self.paused = False
-        self.eof = False
-        self.pump_scheduled = False
-        self.outbox: memoryview | None = None
-        self.term_sent = False
-        self.kill_sent = False
-        self.term_timer: asyncio.TimerHandle | None = None
-        self.timeout_timer: asyncio.TimerHandle | None = None
-        self.eof_timer: asyncio.TimerHandle | None = None
-        #: the launcher's death report; frames still buffered are delivered before burial
-        self.exit_report: dict[str, Any] | None = None
-        #: (bytes, cpu, peak rss) of an announced raw text result still to come
-        self.text_result: tuple[int, float, int] | None = None
-        self.sock_closed = False
-
-    def __repr__(self) -> str:
-        return f"<worker {self.pid} {self.state.name}>"
-
-
-def _pickle_by_reference(job: object) -> bytes | None:
-    """``job`` pickled by the plain ``pickle`` module, when that is provably what cloudpickle
-    would produce; else ``None`` (the caller uses cloudpickle).
-
-    Plain pickle is about 5 times faster than cloudpickle, and for importable module-level
-    functions and classes both write the same by-reference pickle. It differs where cloudpickle
-    pickles by value: plain pickle refuses lambdas, closures and local classes (the lookup of
-    their qualified name fails), and the other cases name their module in the pickle: objects
-    of the host's ``__main__`` (a child never imports it) and of modules registered with
-    ``cloudpickle.register_pickle_by_value``. A pickle that contains one of those module names
-    anywhere (even in a string argument: a false alarm only costs the slow path) is dropped.
-    """
-    try:
-        data = pickle.dumps(job, protocol=cloudpickle.DEFAULT_PROTOCOL)
-    except Exception:
-        return None
-    if b"__main__" in data:
-        return None
-    for module in cloudpickle.list_registry_pickle_by_value():
-        if module.encode() in data:
-            return None
-    return data
+#: a launcher that owes an answer is looked at after this long: replaced at once if stopped
+_LAUNCHER_CHECK = 0.25
+#: ... and replaced anyway when it owes one for this long
+_LAUNCHER_DEADLINE = 5.0
+#: launcher replacements allowed within _RESTART_WINDOW seconds before the pool gives up
+_MAX_RESTARTS = 5
+_RESTART_WINDOW = 60.0
+_CONTAINMENTS = ("auto", "cgroup", "scan")
 
 
 def _signal_name(signum: int) -> str:
@@ -142,9 +86,16 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _describe(obj: object) -> str:
-    text = repr(obj)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _count(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` if it is an int in ``[low, high]``; else ``TypeError``/``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"ProcessPool({name}=...) must be an int, got {type(value).__name__} {value!r:.40}"
+        )
+    if value < low or (high is not None and value > high):
+        upper = "" if high is None else f" and at most {high}"
+        raise ValueError(f"ProcessPool({name}=...) must be at least {low}{upper}, got {value}")
+    return value
 
 
 class ProcessPool:
@@ -162,17 +113,30 @@ class ProcessPool:
     - ``spare_workers``: ready workers kept forked ahead of demand (default
       ``min(2, max_workers)``), so dispatching a job is one socket write.
     - ``max_jobs_per_worker``: jobs a worker runs before it is replaced (default 1: a fresh
-      process per job). A job with child-side limits always retires its worker.
-    - ``max_frame_bytes``: size cap of one event or result from a child; a bigger frame fails
-      the job with ``ProtocolError`` and kills its tree.
-    - ``max_buffered_events``: per-job event buffer (see ``ProcessJob.events``).
+      process per job). A job with limits other than ``timeout`` always retires its worker, and
+      so does a job that leaves a thread or a process behind.
+    - ``max_frame_bytes``: size cap of one event or result from a child (its encoded size); a
+      bigger one fails the job with ``ProtocolError`` and kills its tree.
+    - ``max_buffered_events`` and ``max_buffered_bytes``: what the parent holds per job of the
+      events nobody has read yet, in number and in decoded memory (see ``ProcessJob.events``).
+      ``max_buffered_bytes`` also bounds the decoded size of one event or result: a child
+      cannot make the parent hold more for a job than this (a small frame of JSON can decode
+      into many times its size; the bound counts the decoded size).
     - ``kill_grace``: default seconds between SIGTERM and SIGKILL when a job is killed.
     - ``preload``: modules imported once in the launcher, so forked workers start warm.
+    - ``containment``: how job trees are contained and killed: ``"cgroup"`` (a cgroup v2 per
+      worker: kills are atomic, nothing can fork or double-fork out of them; needs a writable
+      cgroup v2 hierarchy and Linux 5.14), ``"scan"`` (freezes found by walking ``/proc``, and
+      a subreaper that kills orphans), or ``"auto"`` (the default: cgroup where it works).
+      ``containment`` reads the mode in use once the pool started.
 
-    Processes: one launcher process (a child subreaper) forks the workers and reaps every
-    descendant. If this process dies, even by SIGKILL, the launcher kills every worker tree and
-    exits. Start the pool from the thread that will keep running for its whole life (the
-    launcher's parent-death signal fires when that thread ends).
+    Processes: one launcher process (a child subreaper) forks the workers and reaps them. If
+    this process dies, even by SIGKILL, the launcher kills every worker tree and exits. Start
+    the pool from the thread that will keep running for its whole life (the launcher's
+    parent-death signal fires when that thread ends). Linux 5.3 or newer only.
+
+    Raises ``TypeError`` for an argument of the wrong type and ``ValueError`` for one out of
+    range, naming it.
     """
 
     def __init__(
@@ -183,56 +147,63 @@ class ProcessPool:
         max_jobs_per_worker: int = 1,
         max_frame_bytes: int = 64 * 1024 * 1024,
         max_buffered_events: int = 1024,
+        max_buffered_bytes: int = 256 * 1024 * 1024,
         kill_grace: float = 0.0,
         preload: Sequence[str] = (),
+        containment: str = "auto",
     ) -> None:
-        if max_workers is None:
-            max_workers = os.cpu_count() or 1
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be at least 1, got {max_workers}")
-        if spare_workers is None:
-            spare_workers = min(2, max_workers)
-        if spare_workers < 0:
-            raise ValueError(f"spare_workers must be >= 0, got {spare_workers}")
-        if max_jobs_per_worker < 1:
-            raise ValueError(f"max_jobs_per_worker must be >= 1, got {max_jobs_per_worker}")
-        if not 16 <= max_frame_bytes <= MAX_FRAME_LIMIT:
-            raise ValueError(f"max_frame_bytes must be in [16, {MAX_FRAME_LIMIT}]")
-        if max_buffered_events < 1:
-            raise ValueError("max_buffered_events must be at least 1")
-        if kill_grace < 0:
-            raise ValueError("kill_grace must be >= 0")
-        self.max_workers = max_workers
-        self.spare_workers = spare_workers
-        self.max_jobs_per_worker = max_jobs_per_worker
-        self.max_frame_bytes = max_frame_bytes
-        self.max_buffered_events = max_buffered_events
-        self.kill_grace = kill_grace
-        self.preload = tuple(preload)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._launcher: LauncherHandle | None = None
+        # set first: __del__ must work on a pool whose constructor failed
         self._started = False
         self._closed = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._launchers: set[LauncherHandle] = set()
+        self._workers: dict[int, Worker] = {}
+        if max_workers is None:
+            max_workers = os.cpu_count() or 1
+        self.max_workers = _count("max_workers", max_workers, 1)
+        if spare_workers is None:
+            spare_workers = min(2, self.max_workers)
+        self.spare_workers = _count("spare_workers", spare_workers, 0)
+        self.max_jobs_per_worker = _count("max_jobs_per_worker", max_jobs_per_worker, 1)
+        self.max_frame_bytes = _count("max_frame_bytes", max_frame_bytes, 16, 2**40)
+        self.max_buffered_events = _count("max_buffered_events", max_buffered_events, 1)
+        self.max_buffered_bytes = _count("max_buffered_bytes", max_buffered_bytes, 1 << 16)
+        if isinstance(kill_grace, bool) or not isinstance(kill_grace, int | float):
+            raise TypeError(f"ProcessPool(kill_grace=...) must be seconds, got {kill_grace!r:.40}")
+        if not 0 <= kill_grace < 3600:
+            raise ValueError(f"ProcessPool(kill_grace=...) must be in [0, 3600), got {kill_grace}")
+        self.kill_grace = float(kill_grace)
+        if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
+            raise TypeError("ProcessPool(preload=...) takes a sequence of module names (str)")
+        self.preload = tuple(preload)
+        if containment not in _CONTAINMENTS:
+            raise ValueError(
+                f"ProcessPool(containment=...) must be one of {', '.join(_CONTAINMENTS)}, got "
+                f"{containment!r:.40}"
+            )
+        self._mode = containment
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._containment: Containment | None = None
+        self._launcher: LauncherHandle | None = None
         self._broken: str | None = None
         self._hello: asyncio.Future[None] | None = None
-        self._launcher_gone: asyncio.Future[None] | None = None
-        self._close_task: asyncio.Task[None] | None = None
+        self._replacing: asyncio.Task[None] | None = None
+        self._restarts: deque[float] = deque()
         self._queue: deque[ProcessJob] = deque()
-        self._workers: dict[int, _Worker] = {}
-        self._idle: deque[_Worker] = deque()
-        self._busy: dict[ProcessJob, _Worker] = {}
+        self._idle: deque[Worker] = deque()
+        self._busy: dict[ProcessJob, Worker] = {}
         self._spawning = 0
         self._replace_timer: asyncio.TimerHandle | None = None
-        #: one reusable receive buffer for large frames, freed after _BUFFER_KEEP idle seconds
-        self._buffers = BufferCache()
-        self._buffers_timer: asyncio.TimerHandle | None = None
+        self._health_timer: asyncio.TimerHandle | None = None
+        self._launchers_gone: asyncio.Event | None = None
+        #: worker pid -> when its exit was seen, while its launcher owes the exit report
+        self._reports_owed: dict[int, float] = {}
+        #: resolved when the last worker is buried (close() waits on it)
+        self._burial_waiter: asyncio.Future[None] | None = None
         self._job_counter = 0
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        launcher = self._launcher
-        if launcher is None or self._close_task is not None:
-            return
-        if self._launcher_gone is not None and self._launcher_gone.done():
+        if not self._started or self._close_task is not None or not self._launchers:
             return
         _warn(
             f"unclosed {self!r}; use 'async with ProcessPool()' or 'await pool.close()'",
@@ -240,16 +211,19 @@ class ProcessPool:
             source=self,
         )
         # only reachable once the event loop is gone; EOF makes the launcher kill every tree
-        with contextlib.suppress(OSError):
-            launcher.close()
+        for launcher in self._launchers:
+            with contextlib.suppress(OSError):
+                launcher.close()
         for worker in self._workers.values():
-            worker.sock.close()
+            if worker.channel is not None:
+                with contextlib.suppress(OSError):
+                    worker.channel.sock.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._started else "new"
         return (
-            f"<ProcessPool {state} max_workers={self.max_workers} busy={len(self._busy)} "
-            f"queued={len(self._queue)} idle={len(self._idle)}>"
+            f"<ProcessPool {state} containment={self.containment} max_workers={self.max_workers}"
+            f" busy={len(self._busy)} queued={len(self._queue)} idle={len(self._idle)}>"
         )
 
     @property
@@ -262,6 +236,18 @@ class ProcessPool:
         """Jobs submitted and waiting for a worker because ``max_workers`` are running."""
         return len(self._queue)
 
+    @property
+    def containment(self) -> str:
+        """``"cgroup"`` or ``"scan"`` once started; before that, the mode asked for."""
+        return self._containment.mode if self._containment is not None else self._mode
+
+    @property
+    def tree_limits(self) -> frozenset[str]:
+        """The ``ProcessLimits`` fields this pool enforces on whole trees (``max_processes``,
+        ``tree_memory_bytes``): those whose cgroup controller is enabled. Empty before start
+        and under scan containment."""
+        return self._containment.tree_limits if self._containment is not None else frozenset()
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> ProcessPool:
@@ -272,49 +258,77 @@ class ProcessPool:
         await self.close()
 
     async def start(self) -> None:
-        """Start the launcher process and the spare workers; no-op if already started.
+        """Set up containment, start the launcher and the spare workers; no-op if started.
 
-        Raises ``PoolClosed`` after ``close()``, and ``ProcessError`` if the launcher cannot
-        start (for example a ``preload`` module fails to import; the message says which).
+        Raises ``PoolClosed`` after ``close()``, and ``ProcessError`` if the engine cannot run
+        here (not Linux, ``containment="cgroup"`` without a writable cgroup v2; the message says
+        what is missing) or the launcher cannot start (for example a ``preload`` module fails
+        to import; the message says which).
 
         Cancellation: the launcher is killed and reaped before the cancellation propagates.
 
         Blocks the event loop once, for the ``posix_spawn`` of the launcher: about 0.3 ms,
-        several ms when the CPUs are busy (the call returns only once the new process has
-        exec'd). It cannot move to a helper thread: the launcher's parent-death signal fires
-        when the thread that spawned it ends.
+        several ms when the CPUs are busy. It cannot move to a helper thread: the launcher's
+        parent-death signal fires when the thread that spawned it ends.
         """
         if self._closed:
             raise PoolClosed("start() after close(); create a new ProcessPool")
         if self._started:
             return
+        problem = linux_problem()
+        if problem is not None:
+            raise ProcessError(problem)
         loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._hello = loop.create_future()
-        self._launcher_gone = loop.create_future()
-        launcher = LauncherHandle(preload=self.preload, max_frame_bytes=self.max_frame_bytes)
-        self._launcher = launcher
-        self._started = True
-        loop.add_reader(launcher.sock.fileno(), self._on_control)
-        loop.add_reader(launcher.pidfd, self._on_launcher_exit)
         try:
-            async with asyncio.timeout(_START_TIMEOUT):
-                await self._hello
-        except BaseException as exc:
+            containment = _containment.create(self._mode)
+            containment.open(loop)
+        except OSError as exc:
+            raise ProcessError(f"cannot contain worker processes: {exc}") from exc
+        self._loop = loop
+        self._containment = containment
+        self._launchers_gone = asyncio.Event()
+        self._started = True
+        _raise_fd_limit(2 * self.max_workers + 2 * self.spare_workers + 64)
+        try:
+            await self._start_launcher()
+        except BaseException:
             await self.close()
-            if isinstance(exc, TimeoutError):
-                raise ProcessError(
-                    f"the pool's launcher did not start within {_START_TIMEOUT:g} s"
-                ) from exc
             raise
         self._top_up()
+
+    async def _start_launcher(self) -> None:
+        loop, containment = self._loop, self._containment
+        assert loop is not None and containment is not None
+        launcher = LauncherHandle(
+            preload=self.preload,
+            max_frame_bytes=self.max_frame_bytes,
+            cgroups=containment.launcher_args(),
+        )
+        self._launcher = launcher
+        self._launchers.add(launcher)
+        assert self._launchers_gone is not None
+        self._launchers_gone.clear()
+        hello = self._hello = loop.create_future()
+        loop.add_reader(launcher.sock.fileno(), self._on_control, launcher)
+        loop.add_reader(launcher.pidfd, self._on_launcher_exit, launcher)
+        try:
+            async with asyncio.timeout(_START_TIMEOUT):
+                await hello
+        except TimeoutError as exc:
+            launcher.kill()
+            raise ProcessError(
+                f"the pool's launcher did not start within {_START_TIMEOUT:g} s"
+            ) from exc
+        except BaseException:
+            launcher.kill()
+            raise
 
     async def close(self) -> None:
         """Cancel every job, kill every process tree, reap everything, close every fd.
 
         Queued jobs end ``CANCELLED`` with ``PoolClosed``; running jobs are killed and end the
         same way once their trees are gone. Idempotent: later calls wait for the first one.
-        Bounded: if the launcher does not report within a few seconds it is SIGKILLed.
+        Bounded: a launcher that does not exit within a few seconds is SIGKILLed.
 
         Cancellation: the shutdown continues in the background; a later ``close()`` waits
         for it.
@@ -329,29 +343,45 @@ class ProcessPool:
 
     async def _close(self) -> None:
         self._closed = True
-        for timer in (self._replace_timer, self._buffers_timer):
+        for timer in (self._replace_timer, self._health_timer):
             if timer is not None:
                 timer.cancel()
-        self._replace_timer = self._buffers_timer = None
-        self._buffers.clear()
-        launcher, gone = self._launcher, self._launcher_gone
-        assert launcher is not None and gone is not None
+        self._replace_timer = self._health_timer = None
+        if self._replacing is not None:
+            self._replacing.cancel()
+            with contextlib.suppress(BaseException):
+                await self._replacing
         while self._queue:
-            job = self._queue.popleft()
-            job._finish(
+            self._queue.popleft()._finish(
                 JobStatus.CANCELLED,
                 exception=PoolClosed("the pool was closed before the job started"),
             )
+        closed = PoolClosed("the pool was closed while the job ran")
         for job in list(self._busy):
-            self._kill_job(job, PoolClosed("the pool was closed while the job ran"), 0.0)
-        if not gone.done():
-            self._send({"op": "shutdown"})
-            try:
-                async with asyncio.timeout(_CLOSE_TIMEOUT):
-                    await asyncio.shield(gone)
-            except TimeoutError:
+            self._kill_job(job, closed, 0.0)
+        self._end_all(list(self._workers.values()))
+        for launcher in list(self._launchers):
+            launcher.send({"op": "shutdown"})
+        gone = self._launchers_gone
+        assert gone is not None
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT):
+                await gone.wait()
+                await self._workers_buried()
+        except TimeoutError:
+            for launcher in list(self._launchers):
                 launcher.kill()
-        await asyncio.shield(gone)
+            await gone.wait()
+        for worker in list(self._workers.values()):
+            self._bury(worker, force=True)
+        assert self._containment is not None
+        self._containment.close()
+
+    async def _workers_buried(self) -> None:
+        while self._workers:
+            waiter = asyncio.get_running_loop().create_future()
+            self._burial_waiter = waiter
+            await waiter
 
     # -- submitting -------------------------------------------------------------------------
 
@@ -367,28 +397,44 @@ class ProcessPool:
 
         ``fn`` may be sync or async (an async result is run with ``asyncio.run`` in the child),
         and may be a lambda, a closure or come from ``__main__``: it is sent with cloudpickle.
-        Its result must be JSON-compatible (a large ``str`` travels as raw UTF-8). Never waits
+        Its result must be JSON data (a large ``str`` travels as raw UTF-8). Never waits
         for a worker: the job queues if all ``max_workers`` are busy. The job is pickled here,
         synchronously, so huge arguments cost loop time in this call.
 
-        Raises ``TypeError`` naming the value that cannot be pickled (the pool is unaffected),
-        ``PoolClosed`` after ``close()`` or once the launcher died, and ``RuntimeError`` before
+        Raises ``TypeError`` if ``fn`` is not callable, ``limits`` is not a ``ProcessLimits``,
+        or a value cannot be pickled (naming it; the pool is unaffected); ``ValueError`` for
+        tree-wide limits this pool cannot enforce (see ``tree_limits``); ``PoolClosed`` after
+        ``close()`` or once the pool gave up on its launcher; ``RuntimeError`` before
         ``start()``. Must be called from the event loop thread that started the pool.
 
         On crash: a job whose worker dies ends with ``WorkerCrashed`` (or ``LimitExceeded`` when
         a limit explains the death); other jobs are not affected.
         """
+        if not callable(fn):
+            raise TypeError(
+                f"ProcessPool.submit() takes a function to run first, got "
+                f"{type(fn).__name__} {fn!r:.40}"
+            )
+        limits = check_limits(limits, "ProcessPool.submit(limits=...)") or _NO_LIMITS
         if self._closed or self._broken is not None:
             raise PoolClosed(
                 self._broken or "submit() after close(); create a new ProcessPool for new jobs"
             )
-        if not self._started or self._loop is None:
+        if not self._started or self._loop is None or self._containment is None:
             raise RuntimeError(
                 "ProcessPool.submit() before start(); use 'async with ProcessPool() as pool:' "
                 "or 'await pool.start()' first"
             )
-        limits = limits or _NO_LIMITS
-        payload = self._pickle(fn, args, kwargs, limits)
+        missing = set(limits.tree_wide) - self._containment.tree_limits
+        if missing:
+            raise ValueError(
+                f"this pool cannot enforce ProcessLimits.{', '.join(sorted(missing))} (limits on "
+                f"a whole process tree need containment='cgroup' with the matching cgroup v2 "
+                f"controller enabled; this pool uses containment={self.containment!r} and "
+                f"enforces {sorted(self.tree_limits) or 'none'}); use memory_bytes/cpu_seconds "
+                "(per process) instead, or run where the controllers are delegated"
+            )
+        payload = pickle_job(fn, args, kwargs, limits)
         self._job_counter += 1
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         job = ProcessJob(
@@ -402,37 +448,6 @@ class ProcessPool:
         self._queue.append(job)
         self._dispatch(replace_now=False)
         return job
-
-    @staticmethod
-    def _pickle(
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        limits: ProcessLimits,
-    ) -> bytes:
-        spec = limits.child_spec() if limits.applies_in_child else None
-        job = (fn, args, kwargs, spec)
-        fast = _pickle_by_reference(job)
-        if fast is not None:
-            return fast
-        try:
-            return bytes(cloudpickle.dumps(job))
-        except Exception as exc:
-            culprit = "the job"
-            candidates: list[tuple[str, object]] = [("the function", fn)]
-            candidates += [(f"argument {i}", arg) for i, arg in enumerate(args)]
-            candidates += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
-            for label, value in candidates:
-                try:
-                    cloudpickle.dumps(value)
-                except Exception:
-                    culprit = f"{label} ({_describe(value)})"
-                    break
-            raise TypeError(
-                f"could not pickle {culprit} for the worker process: {exc}. Jobs are sent with "
-                "cloudpickle; pass picklable values, or create resources (locks, sockets, "
-                "clients) inside the job"
-            ) from exc
 
     def _drop_queued(self, job: ProcessJob) -> None:
         with contextlib.suppress(ValueError):
@@ -456,7 +471,7 @@ class ProcessPool:
         arrives meanwhile still finds a ready worker, and once none is left the fork is
         immediate.
         """
-        if self._closed or self._broken is not None or not self._started:
+        if self._closed or self._broken is not None or self._launcher is None:
             return
         demand = min(len(self._queue), self.max_workers - len(self._busy))
         missing = self.spare_workers + demand - len(self._idle) - self._spawning
@@ -471,54 +486,187 @@ class ProcessPool:
             self._replace_timer.cancel()
             self._replace_timer = None
         self._spawning += missing
-        self._send({"op": "spawn", "n": missing})
+        self._request({"op": "spawn", "n": missing})
 
     def _replace_due(self) -> None:
         self._replace_timer = None
         self._top_up()
 
-    def _run(self, job: ProcessJob, worker: _Worker) -> None:
-        assert self._loop is not None
+    def _run(self, job: ProcessJob, worker: Worker) -> None:
+        assert self._loop is not None and self._containment is not None
+        assert worker.channel is not None
+        if job.limits.tree_wide:
+            try:
+                self._containment.apply(worker.tree, job.limits)
+            except OSError as exc:
+                self._end(worker)
+                error = ProcessError(f"could not set the job's tree-wide limits: {exc}")
+                job._finish(JobStatus.FAILED, exception=error)
+                return
         payload = job._begin(worker.pid)
-        worker.state = _WorkerState.BUSY
+        worker.to(WorkerState.BUSY)
         worker.job = job
         self._busy[job] = worker
         last = job.limits.applies_in_child or worker.jobs_done + 1 >= self.max_jobs_per_worker
-        worker.last_sent = last
+        worker.last = last
         data = b"".join(
             (HEADER.pack(len(payload) + 1), bytes((FLAG_LAST if last else 0,)), payload)
         )
-        try:
-            sent = worker.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            sent = len(data)  # the worker died; its death report will settle the job
-        if sent < len(data):
-            worker.outbox = memoryview(data)[sent:]
-            self._loop.add_writer(worker.fd, self._on_writable, worker)
+        worker.channel.send(data)
         if job.limits.timeout is not None:
-            worker.timeout_timer = self._loop.call_later(job.limits.timeout, self._on_timeout, job)
-
-    def _on_writable(self, worker: _Worker) -> None:
-        assert self._loop is not None
-        outbox = worker.outbox
-        if outbox is not None:
-            try:
-                sent = worker.sock.send(outbox)
-            except BlockingIOError:
-                return
-            except OSError:
-                sent = len(outbox)
-            outbox = outbox[sent:] if sent < len(outbox) else None
-            worker.outbox = outbox
-        if worker.outbox is None:
-            self._loop.remove_writer(worker.fd)
+            worker.set_timer(
+                "timeout", self._loop.call_later(job.limits.timeout, self._on_timeout, job)
+            )
 
     def _on_timeout(self, job: ProcessJob) -> None:
         timeout = job.limits.timeout
         assert timeout is not None
         self._kill_job(job, JobTimeout(timeout), None)
+
+    # -- workers: messages ------------------------------------------------------------------
+
+    def _adopt(self, launcher: LauncherHandle, message: dict[str, Any], fds: list[int]) -> None:
+        loop, containment = self._loop, self._containment
+        assert loop is not None and containment is not None
+        self._spawning = max(0, self._spawning - 1)
+        if len(fds) != 2 or launcher is not self._launcher or self._closed:
+            for fd in fds:
+                os.close(fd)
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fds[0])
+        pid = int(message["pid"])
+        tree = containment.adopt(pid, fds[1], str(message.get("cg", "")))
+        worker = Worker(pid, tree, launcher)
+        worker.channel = Channel(
+            loop,
+            sock,
+            self.max_frame_bytes,
+            lambda message: self._on_message(worker, message),
+            lambda: self._on_frame(worker),
+            lambda: self._on_eof(worker),
+            lambda reason: self._protocol_error(worker, reason),
+        )
+        self._workers[pid] = worker
+        loop.add_reader(tree.pidfd, self._on_worker_exited, worker)
+        self._idle.append(worker)
+        worker.channel.start()
+        self._dispatch()
+
+    def _on_message(self, worker: Worker, message: Message) -> None:
+        job = worker.job
+        if job is None or job.done() or job._kill_reason is not None:
+            self._protocol_error(worker, f"a {message.kind} arrived while the worker had no job")
+            return
+        if message.kind == "event":
+            job._push_event(message.value, message.cost)
+            return
+        assert message.usage is not None
+        cpu, peak = message.usage
+        if message.kind == "result":
+            self._answered(worker, JobStatus.COMPLETED, message.value, None, cpu, peak)
+            return
+        assert message.error is not None
+        type_name, text, traceback_text = message.error
+        error: ProcessError = JobFailed(type_name, text, traceback_text)
+        memory = job.limits.memory_bytes
+        if type_name == "MemoryError" and memory is not None:
+            failed = error
+            error = LimitExceeded("memory_bytes", memory, peak)
+            error.__cause__ = failed
+        self._answered(worker, JobStatus.FAILED, None, error, cpu, peak)
+
+    def _on_frame(self, worker: Worker) -> None:
+        """After each frame: keep what the job holds within ``max_buffered_bytes``."""
+        job, channel = worker.job, worker.channel
+        if job is None or channel is None:
+            return
+        assembling = channel.assembler.held
+        budget = self.max_buffered_bytes
+        if assembling > budget:
+            self._protocol_error(
+                worker,
+                f"one event or result decodes into more than max_buffered_bytes={budget} "
+                "bytes; send less data per event or result, or raise "
+                "ProcessPool(max_buffered_bytes=...)",
+            )
+            return
+        if job._consumer:
+            if job._held + assembling > budget or job._events_full:
+                channel.pause()  # resumed by _events_consumed
+        else:
+            while job._held + assembling > budget and job._drop_oldest():
+                pass
+
+    def _events_consumed(self, job: ProcessJob) -> None:
+        worker = self._busy.get(job)
+        if worker is None or worker.channel is None or not worker.channel.paused:
+            return
+        if (
+            len(job._events) <= self.max_buffered_events // 2
+            and job._held <= self.max_buffered_bytes // 2
+        ):
+            worker.channel.resume()
+
+    def _answered(
+        self,
+        worker: Worker,
+        status: JobStatus,
+        result: Any,
+        error: BaseException | None,
+        cpu: float,
+        peak: int,
+    ) -> None:
+        """The job sent its result or error: settle it, then retire or reuse the worker."""
+        job = worker.job
+        assert job is not None and self._containment is not None
+        worker.job = None
+        self._busy.pop(job, None)
+        worker.cancel_timers()
+        job._finish(status, result=result, exception=error, cpu=cpu, peak_rss=peak)
+        worker.jobs_done += 1
+        reusable = not (
+            worker.last or self._closed or worker.exited_at is not None or worker.orphaned
+        )
+        if reusable and self._containment.is_clean(worker.tree):
+            worker.to(WorkerState.IDLE)
+            if self._containment.needs_exit_report:
+                # a job may have switched the subreaper flag off and double-forked: such an
+                # orphan was reparented to the launcher, which kills it in its sweep
+                self._request({"op": "sweep"})
+            # a used worker goes first: its jobs left it warm, and spares stay untouched
+            self._idle.appendleft(worker)
+        else:
+            # nothing it or its job started may outlive the answer
+            self._end(worker)
+        self._dispatch()
+
+    def _protocol_error(self, worker: Worker, reason: str) -> None:
+        job = worker.job
+        if job is not None and not job.done():
+            self._kill_job(job, ProtocolError(reason), 0.0)
+        elif worker.state is not WorkerState.DEAD:
+            self._end(worker)
+        self._top_up()
+
+    def _on_eof(self, worker: Worker) -> None:
+        if worker.state is WorkerState.ENDING:
+            self._check_gone(worker)
+            return
+        job = worker.job
+        if job is not None and not job.done() and worker.exited_at is None:
+            # no answer can come any more: unless the worker's death shows meanwhile, it
+            # closed its socket and lives on, and the job must not hang
+            assert self._loop is not None
+            worker.set_timer("eof", self._loop.call_later(_EOF_GRACE, self._on_eof_grace, worker))
+        elif worker.state is WorkerState.IDLE:
+            self._end(worker)
+            self._top_up()
+
+    def _on_eof_grace(self, worker: Worker) -> None:
+        job = worker.job
+        if job is not None and not job.done() and worker.exited_at is None:
+            reason = "the child closed its result channel while its job still ran"
+            self._kill_job(job, ProtocolError(reason), 0.0)
 
     # -- killing ----------------------------------------------------------------------------
 
@@ -532,385 +680,122 @@ class ProcessPool:
         if job._kill_reason is None:
             job._kill_reason = reason
         worker = self._busy.get(job)
-        if worker is not None:
-            self._kill_worker(worker, self.kill_grace if grace is None else grace)
-
-    def _kill_worker(self, worker: _Worker, grace: float) -> None:
-        if worker.state is _WorkerState.DEAD:
-            return
-        if worker.exit_report is not None:
-            self._bury(worker)  # already dead; only its buffered frames were pending
-            return
-        if worker.kill_sent:
-            return
-        if grace > 0 and not worker.term_sent:
-            assert self._loop is not None
-            worker.term_sent = True
-            self._send({"op": "term", "pid": worker.pid})
-            worker.term_timer = self._loop.call_later(grace, self._kill_worker, worker, 0.0)
-            return
-        if grace > 0:
-            return  # SIGTERM already sent; the pending timer sends the SIGKILL
-        worker.kill_sent = True
-        if worker.term_timer is not None:
-            worker.term_timer.cancel()
-        self._send({"op": "kill", "pid": worker.pid})
-
-    # -- control channel --------------------------------------------------------------------
-
-    def _send(self, message: dict[str, Any]) -> None:
-        launcher = self._launcher
-        if launcher is None or (self._launcher_gone is not None and self._launcher_gone.done()):
-            return
-        if launcher.send(message):
-            assert self._loop is not None
-            self._loop.add_writer(launcher.sock.fileno(), self._flush_control)
-
-    def _flush_control(self) -> None:
-        launcher = self._launcher
-        assert launcher is not None and self._loop is not None
-        if not launcher.flush():
-            self._loop.remove_writer(launcher.sock.fileno())
-
-    def _on_control(self) -> None:
-        launcher = self._launcher
-        assert launcher is not None and self._loop is not None
-        for _ in range(64):
-            try:
-                received = launcher.receive()
-            except EOFError:
-                self._loop.remove_reader(launcher.sock.fileno())
-                return
-            if received is None:
-                return
-            self._handle_control(*received)
-
-    def _handle_control(self, message: dict[str, Any], fds: list[int]) -> None:
-        op = message.get("op")
-        if op == "worker":
-            self._spawning = max(0, self._spawning - 1)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fds[0])
-            for fd in fds[1:]:
-                os.close(fd)
-            worker = _Worker(int(message["pid"]), sock, self.max_frame_bytes, self._buffers)
-            sock.setblocking(False)
-            self._workers[worker.pid] = worker
-            if self._closed or self._broken is not None:
-                worker.state = _WorkerState.RETIRING
-                return
-            self._idle.append(worker)
-            self._start_reading(worker)
-            self._dispatch()
-            return
-        for fd in fds:
-            os.close(fd)
-        if op == "exit":
-            self._on_worker_exit(message)
-        elif op == "hello":
-            hello = self._hello
-            if hello is not None and not hello.done():
-                if "error" in message:
-                    hello.set_exception(
-                        ProcessError(
-                            f"the pool's launcher failed to start: {message['error']}; check "
-                            "the ProcessPool(preload=...) module names"
-                        )
-                    )
-                else:
-                    hello.set_result(None)
-        elif op == "spawn_failed":
-            self._spawning = max(0, self._spawning - 1)
-            if self._queue and not self._workers:
-                job = self._queue.popleft()
-                job._finish(
-                    JobStatus.FAILED,
-                    exception=ProcessError(
-                        f"could not start a worker process ({message.get('error')}); the "
-                        "machine is out of processes or memory"
-                    ),
-                )
-
-    def _on_launcher_exit(self) -> None:
-        launcher, loop, gone = self._launcher, self._loop, self._launcher_gone
-        assert launcher is not None and loop is not None and gone is not None
-        if not launcher.try_reap():
-            return
-        loop.remove_reader(launcher.pidfd)
-        # the launcher may have written its last death reports just before exiting
-        while True:
-            try:
-                received = launcher.receive()
-            except EOFError:
-                break
-            if received is None:
-                break
-            self._handle_control(*received)
-        hello = self._hello
-        if hello is not None and not hello.done():
-            hello.set_exception(
-                ProcessError(
-                    f"the pool's launcher process exited during startup (exit status "
-                    f"{launcher.returncode}); see its output on stderr"
-                )
-            )
-        if not self._closed:
-            self._broken = (
-                f"the pool's launcher process died unexpectedly (exit status "
-                f"{launcher.returncode}); create a new ProcessPool"
-            )
-        for worker in list(self._workers.values()):
-            self._on_worker_exit(
-                {"pid": worker.pid, "code": None, "signal": None, "cpu": 0.0, "maxrss": 0}
-            )
-        while self._queue:
-            self._queue.popleft()._finish(
-                JobStatus.CANCELLED, exception=PoolClosed(self._broken or "the pool was closed")
-            )
-        try:
-            loop.remove_reader(launcher.sock.fileno())
-            loop.remove_writer(launcher.sock.fileno())
-        finally:
-            launcher.close()
-        if not gone.done():
-            gone.set_result(None)
-
-    # -- worker sockets ---------------------------------------------------------------------
-
-    def _start_reading(self, worker: _Worker) -> None:
-        if not worker.reading and not worker.sock_closed:
-            assert self._loop is not None
-            self._loop.add_reader(worker.fd, self._on_readable, worker)
-            worker.reading = True
-
-    def _stop_reading(self, worker: _Worker) -> None:
-        if worker.reading:
-            assert self._loop is not None
-            self._loop.remove_reader(worker.fd)
-            worker.reading = False
-
-    def _on_readable(self, worker: _Worker) -> None:
-        try:
-            received = worker.decoder.recv_from(worker.sock, _RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            received = 0
-        if not received:
-            worker.eof = True
-            self._stop_reading(worker)
-            if worker.job is not None and not worker.job.done() and worker.exit_report is None:
-                # no result can come any more: unless the worker's death is reported
-                # meanwhile, it closed its socket and lives on, and the job must not hang
-                assert self._loop is not None
-                worker.eof_timer = self._loop.call_later(_EOF_GRACE, self._on_eof_grace, worker)
-            return
-        self._pump(worker)
-
-    def _on_eof_grace(self, worker: _Worker) -> None:
-        worker.eof_timer = None
-        job = worker.job
-        if job is not None and not job.done() and worker.exit_report is None:
-            reason = "the child closed its result channel while its job still ran"
-            self._kill_job(job, ProtocolError(reason), 0.0)
-
-    def _pump(self, worker: _Worker) -> None:
-        worker.pump_scheduled = False
-        for _ in range(_FRAMES_PER_CALLBACK):
-            if worker.paused or worker.state is _WorkerState.DEAD or worker.kill_sent:
-                self._stop_reading(worker)
-                return
-            try:
-                frame = worker.decoder.next_frame()
-                if frame is None:
-                    if worker.exit_report is not None:
-                        self._bury(worker)
-                    elif not worker.eof and not worker.reading:
-                        self._start_reading(worker)
-                    return
-                try:
-                    self._handle_frame(worker, frame)
-                finally:
-                    if isinstance(frame, memoryview):
-                        self._recycle(worker)
-            except FrameError as exc:
-                self._protocol_error(worker, str(exc))
-                return
-        # more frames are buffered: stop reading and continue on the next loop iteration
-        self._stop_reading(worker)
-        if not worker.pump_scheduled:
-            assert self._loop is not None
-            worker.pump_scheduled = True
-            self._loop.call_soon(self._pump, worker)
-
-    def _recycle(self, worker: _Worker) -> None:
-        """Keep the buffer of the large frame just handled for the next one, for a while."""
-        worker.decoder.close()
-        if self._buffers.kept and self._loop is not None and not self._closed:
-            if self._buffers_timer is not None:
-                self._buffers_timer.cancel()
-            self._buffers_timer = self._loop.call_later(_BUFFER_KEEP, self._release_buffers)
-
-    def _release_buffers(self) -> None:
-        self._buffers_timer = None
-        self._buffers.clear()
-
-    def _events_consumed(self, job: ProcessJob) -> None:
-        worker = self._busy.get(job)
-        if worker is None or not worker.paused:
-            return
-        if len(job._events) <= self.max_buffered_events // 2:
-            worker.paused = False
-            self._pump(worker)
-
-    def _handle_frame(self, worker: _Worker, frame: bytes | bytearray | memoryview) -> None:
-        pending = worker.text_result
-        if pending is not None:
-            # the raw UTF-8 frame that a {"k": "result", "text": N} frame announced
-            worker.text_result = None
-            if len(frame) != pending[0]:
-                raise FrameError(f"a text result of {len(frame)} bytes, {pending[0]} announced")
-            try:
-                text = str(frame, "utf-8")
-            except UnicodeDecodeError as exc:
-                raise FrameError(f"a text result is not valid UTF-8 ({exc})") from None
-            self._job_ended(worker, JobStatus.COMPLETED, text, None, pending[1], pending[2])
-            return
-        message = decode_message(frame)
-        job = worker.job
-        if job is None:
-            raise FrameError(f"a {message['k']!r} frame arrived while the worker had no job")
-        kind = message["k"]
-        if kind == "event":
-            if "v" not in message:
-                raise FrameError("an event frame without a value")
-            if job._push_event(message["v"]):
-                worker.paused = True
-            return
-        usage = message.get("u")
-        if not isinstance(usage, dict):
-            raise FrameError(f"a {kind} frame without usage numbers")
-        cpu, peak = usage.get("cpu"), usage.get("maxrss")
-        if not isinstance(cpu, int | float) or not isinstance(peak, int):
-            raise FrameError(f"a {kind} frame with malformed usage numbers")
-        if kind == "result":
-            size = message.get("text")
-            if size is not None:
-                if not isinstance(size, int) or size < 0:
-                    raise FrameError("a text result frame with a malformed size")
-                worker.text_result = (size, float(cpu), peak)
-                return
-            if "v" not in message:
-                raise FrameError("a result frame without a value")
-            self._job_ended(worker, JobStatus.COMPLETED, message["v"], None, float(cpu), peak)
-            return
-        fields = (message.get("type"), message.get("message"), message.get("traceback"))
-        if not all(isinstance(field, str) for field in fields):
-            raise FrameError("an error frame with malformed fields")
-        type_name, text, traceback_text = (str(field) for field in fields)
-        error: ProcessError = JobFailed(type_name, text, traceback_text)
-        memory = job.limits.memory_bytes
-        if type_name == "MemoryError" and memory is not None:
-            failed = error
-            error = LimitExceeded("memory_bytes", memory, peak)
-            error.__cause__ = failed
-        self._job_ended(worker, JobStatus.FAILED, None, error, float(cpu), peak)
-
-    def _job_ended(
-        self,
-        worker: _Worker,
-        status: JobStatus,
-        result: Any,
-        error: BaseException | None,
-        cpu: float,
-        peak: int,
-    ) -> None:
-        job = worker.job
-        assert job is not None
-        if job._kill_reason is not None:
-            return  # being killed: it ends with the kill's reason once the tree is gone
-        worker.job = None
-        self._busy.pop(job, None)
-        if worker.timeout_timer or worker.term_timer or worker.eof_timer:
-            self._clear_timers(worker)
-        job._finish(status, result=result, exception=error, cpu=cpu, peak_rss=peak)
-        worker.jobs_done += 1
-        if worker.last_sent or self._closed or worker.exit_report is not None:
-            worker.state = _WorkerState.RETIRING
-        else:
-            worker.state = _WorkerState.IDLE
-            # a used worker goes first: its jobs left it warm, and spares stay untouched
-            self._idle.appendleft(worker)
-        self._dispatch()
-
-    def _protocol_error(self, worker: _Worker, reason: str) -> None:
-        self._stop_reading(worker)
-        job = worker.job
-        if job is not None and not job.done():
-            self._kill_job(job, ProtocolError(reason), 0.0)
-        else:
-            if worker in self._idle:
-                self._idle.remove(worker)
-            worker.state = _WorkerState.RETIRING
-            self._kill_worker(worker, 0.0)
-            self._top_up()
-
-    @staticmethod
-    def _clear_timers(worker: _Worker) -> None:
-        for timer in (worker.timeout_timer, worker.term_timer, worker.eof_timer):
-            if timer is not None:
-                timer.cancel()
-        worker.timeout_timer = worker.term_timer = worker.eof_timer = None
-
-    def _on_worker_exit(self, message: dict[str, Any]) -> None:
-        """The launcher reports a worker (and every process it had to kill) dead and reaped."""
-        worker = self._workers.pop(int(message["pid"]), None)
         if worker is None:
             return
-        assert self._loop is not None
-        worker.exit_report = message
-        # take what is still in the kernel's buffer (bounded by it), then let go of the socket
-        while not worker.eof:
-            try:
-                received = worker.decoder.recv_from(worker.sock, _RECV_SIZE)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                received = 0
-            if not received:
-                break
-        worker.eof = True
-        self._stop_reading(worker)
-        if worker.outbox is not None:
-            self._loop.remove_writer(worker.fd)
-            worker.outbox = None
-        worker.sock.close()
-        worker.sock_closed = True
-        if worker in self._idle:
-            self._idle.remove(worker)
-        job = worker.job
-        if job is None or job.done() or job._kill_reason is not None:
-            self._bury(worker)
-        else:
-            # a result or events may still be buffered: deliver them at the consumer's pace
-            # (backpressure still holds), then bury
-            self._pump(worker)
-
-    def _bury(self, worker: _Worker) -> None:
-        if worker.state is _WorkerState.DEAD:
+        grace = self.kill_grace if grace is None else grace
+        if grace > 0 and worker.state is WorkerState.BUSY:
+            assert self._loop is not None and self._containment is not None
+            worker.cancel_timer("timeout")
+            self._containment.terminate(worker.tree)
+            worker.set_timer("term", self._loop.call_later(grace, self._end, worker))
+            # answers that arrive meanwhile are ignored: the kill's reason wins
+            if worker.channel is not None:
+                worker.channel.close()
             return
-        worker.state = _WorkerState.DEAD
-        self._clear_timers(worker)
+        self._end(worker)
+
+    def _end(self, worker: Worker) -> None:
+        """The worker runs no more jobs: kill its tree; it is buried once that is confirmed."""
+        self._end_all([worker])
+
+    def _end_all(self, workers: list[Worker]) -> None:
+        containment = self._containment
+        assert containment is not None
+        ending = []
+        for worker in workers:
+            if worker.state is WorkerState.DEAD:
+                continue
+            if worker.state is not WorkerState.ENDING:
+                if worker in self._idle:
+                    self._idle.remove(worker)
+                worker.to(WorkerState.ENDING)
+            worker.cancel_timer("timeout")
+            worker.cancel_timer("term")
+            job = worker.job
+            # a killed job's later frames do not matter; a crashed one's may hold its answer
+            if worker.channel is not None and (job is None or job._kill_reason is not None):
+                worker.channel.close()
+            if not worker.tree.killing:
+                worker.tree.callbacks.append(functools.partial(self._check_gone, worker))
+                ending.append(worker)
+        if ending:
+            containment.kill(worker.tree for worker in ending)
+
+    def _on_worker_exited(self, worker: Worker) -> None:
+        """The worker's pidfd is readable: its process exited (not necessarily its tree)."""
+        loop = self._loop
+        assert loop is not None
+        loop.remove_reader(worker.tree.pidfd)
+        worker.exited_at = time.monotonic()
+        if not worker.orphaned and worker.launcher is self._launcher:
+            # its parent reaps it and reports: a launcher that does not is found out
+            self._reports_owed[worker.pid] = worker.exited_at
+            self._expect_launcher()
+        if worker.state is WorkerState.DEAD:
+            return
+        assert self._containment is not None
+        self._containment.recheck(worker.tree)
+        self._end(worker)
+        self._top_up()
+
+    def _check_gone(self, worker: Worker) -> None:
+        """Bury the worker once its tree is dead and nothing more is awaited from it."""
+        if worker.state is not WorkerState.ENDING or not worker.tree.dead:
+            return
+        containment = self._containment
+        assert containment is not None
+        job = worker.job
+        crashed = job is not None and not job.done() and job._kill_reason is None
+        report_due = worker.report is None and not worker.orphaned
+        if report_due and (crashed or containment.needs_exit_report):
+            if worker.exited_at is None:
+                # the tree is dead, so the worker is too: its pidfd will say so shortly
+                return
+            self._expect_launcher()
+            return
+        channel = worker.channel
+        if crashed and channel is not None and not channel.closed and not channel.drained:
+            # its last frames (perhaps its answer) are still to be read, at the consumer's
+            # pace: the end of the stream is near, since the tree is dead
+            return
+        self._bury(worker)
+
+    def _bury(self, worker: Worker, *, force: bool = False) -> None:
+        if worker.state is WorkerState.DEAD:
+            return
+        if worker.state is not WorkerState.ENDING:
+            if not force:
+                raise RuntimeError(f"{worker!r} buried while not ending")
+            worker.state = WorkerState.ENDING
+        worker.to(WorkerState.DEAD)
+        worker.cancel_timers()
+        loop, containment = self._loop, self._containment
+        assert loop is not None and containment is not None
+        if worker.exited_at is None:
+            loop.remove_reader(worker.tree.pidfd)
+            if worker.report is None and not worker.orphaned and worker.launcher is self._launcher:
+                # its tree was seen dead before its pidfd said so: its report is owed all the
+                # same (a launcher that never sends it is found out)
+                self._reports_owed[worker.pid] = time.monotonic()
+                self._expect_launcher()
+        if worker.channel is not None:
+            worker.channel.close()
+        containment.forget(worker.tree)
+        self._workers.pop(worker.pid, None)
         job = worker.job
         worker.job = None
         if job is not None:
             self._busy.pop(job, None)
             if not job.done():
-                assert worker.exit_report is not None
-                self._settle_dead(job, worker.exit_report)
+                self._settle_dead(job, worker)
+        waiter = self._burial_waiter
+        if waiter is not None and not self._workers and not waiter.done():
+            waiter.set_result(None)
         self._dispatch()
 
-    def _settle_dead(self, job: ProcessJob, message: dict[str, Any]) -> None:
-        cpu, peak = float(message.get("cpu") or 0.0), int(message.get("maxrss") or 0)
+    def _settle_dead(self, job: ProcessJob, worker: Worker) -> None:
+        report = worker.report or {}
+        cpu, peak = float(report.get("cpu") or 0.0), int(report.get("maxrss") or 0)
         reason = job._kill_reason
         if reason is not None:
             status = (
@@ -920,12 +805,10 @@ class ProcessPool:
             )
             job._finish(status, exception=reason, cpu=cpu, peak_rss=peak)
             return
-        signum = message.get("signal")
+        signum = report.get("signal")
         crashed = WorkerCrashed(
-            message.get("code"), None if signum is None else _signal_name(int(signum))
+            report.get("code"), None if signum is None else _signal_name(int(signum))
         )
-        if self._broken is not None:
-            crashed.__cause__ = ProcessError(self._broken)
         error: ProcessError = crashed
         limits = job.limits
         if limits.cpu_seconds is not None and (
@@ -942,3 +825,213 @@ class ProcessPool:
             error = LimitExceeded("memory_bytes", limits.memory_bytes, peak)
             error.__cause__ = crashed
         job._finish(JobStatus.FAILED, exception=error, cpu=cpu, peak_rss=peak)
+
+    # -- the launcher -----------------------------------------------------------------------
+
+    def _request(self, message: dict[str, Any]) -> None:
+        launcher = self._launcher
+        if launcher is None:
+            return
+        if launcher.request(message):
+            assert self._loop is not None
+            self._loop.add_writer(launcher.sock.fileno(), self._flush_control, launcher)
+        self._expect_launcher()
+
+    def _flush_control(self, launcher: LauncherHandle) -> None:
+        assert self._loop is not None
+        if not launcher.flush():
+            self._loop.remove_writer(launcher.sock.fileno())
+
+    def _on_control(self, launcher: LauncherHandle) -> None:
+        assert self._loop is not None
+        for _ in range(64):
+            try:
+                received = launcher.receive()
+            except EOFError:
+                self._loop.remove_reader(launcher.sock.fileno())
+                return
+            if received is None:
+                return
+            self._handle_control(launcher, *received)
+
+    def _handle_control(
+        self, launcher: LauncherHandle, message: dict[str, Any], fds: list[int]
+    ) -> None:
+        op = message.get("op")
+        if op == "worker":
+            self._adopt(launcher, message, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        if op == "ok":
+            launcher.answered(message.get("seq"))
+        elif op == "exit":
+            self._reports_owed.pop(int(message.get("pid", -1)), None)
+            worker = self._workers.get(int(message.get("pid", -1)))
+            if worker is not None and worker.launcher is launcher:
+                worker.report = message
+                assert self._containment is not None
+                self._containment.recheck(worker.tree)
+                self._check_gone(worker)
+        elif op == "hello":
+            hello = self._hello
+            if hello is not None and not hello.done() and launcher is self._launcher:
+                if "error" in message:
+                    hello.set_exception(
+                        ProcessError(
+                            f"the pool's launcher failed to start: {message['error']}; check "
+                            "the ProcessPool(preload=...) module names"
+                        )
+                    )
+                else:
+                    hello.set_result(None)
+        elif op == "spawn_failed":
+            self._spawning = max(0, self._spawning - 1)
+            if self._queue and not self._workers:
+                self._queue.popleft()._finish(
+                    JobStatus.FAILED,
+                    exception=ProcessError(
+                        f"could not start a worker process ({message.get('error')}); the "
+                        "machine is out of processes or memory"
+                    ),
+                )
+        else:
+            self._launcher_lost(launcher, "it sent a message that is not part of the protocol")
+
+    def _expect_launcher(self) -> None:
+        """Something is owed by the launcher: look at it soon."""
+        if self._health_timer is None and self._launcher is not None and not self._closed:
+            assert self._loop is not None
+            self._health_timer = self._loop.call_later(_LAUNCHER_CHECK, self._check_launcher)
+
+    def _owed_since(self) -> float | None:
+        """Since when the current launcher owes something (an answer, an exit report)."""
+        launcher = self._launcher
+        if launcher is None:
+            return None
+        times = list(self._reports_owed.values())
+        overdue = launcher.overdue()
+        if overdue is not None:
+            times.append(overdue)
+        return min(times) if times else None
+
+    def _check_launcher(self) -> None:
+        self._health_timer = None
+        launcher = self._launcher
+        since = self._owed_since()
+        if launcher is None or since is None or self._closed:
+            return
+        waited = time.monotonic() - since
+        if launcher.stopped():
+            self._launcher_lost(launcher, "it was stopped (SIGSTOP) and stopped answering")
+        elif waited > _LAUNCHER_DEADLINE:
+            self._launcher_lost(launcher, f"it did not answer for {waited:.1f} s")
+        else:
+            self._expect_launcher()
+
+    def _on_launcher_exit(self, launcher: LauncherHandle) -> None:
+        loop = self._loop
+        assert loop is not None
+        if not launcher.try_reap():
+            return
+        loop.remove_reader(launcher.pidfd)
+        if launcher is self._launcher:
+            # its last exit reports may be in the socket still
+            self._on_control(launcher)
+            hello = self._hello
+            if hello is not None and not hello.done():
+                hello.set_exception(
+                    ProcessError(
+                        f"the pool's launcher process exited during startup "
+                        f"({launcher.describe_exit()}); see its output on stderr"
+                    )
+                )
+            elif not self._closed:
+                self._launcher_lost(launcher, launcher.describe_exit())
+        self._orphan([w for w in self._workers.values() if w.launcher is launcher])
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(launcher.sock.fileno())
+            loop.remove_writer(launcher.sock.fileno())
+        if launcher is self._launcher:
+            self._launcher = None
+        self._launchers.discard(launcher)
+        launcher.close()
+        if not self._launchers and self._launchers_gone is not None:
+            self._launchers_gone.set()
+
+    def _launcher_lost(self, launcher: LauncherHandle, why: str) -> None:
+        """The launcher died or stopped answering: kill everything it started, replace it."""
+        if launcher is not self._launcher or self._closed:
+            return
+        containment, loop = self._containment, self._loop
+        assert containment is not None and loop is not None
+        self._launcher = None
+        self._spawning = 0
+        self._reports_owed.clear()
+        reason = f"the pool's launcher process failed ({why}) and was replaced"
+        cause = ProcessError(f"the pool's launcher process {launcher.pid} failed: {why}")
+        workers = [w for w in self._workers.values() if w.launcher is launcher]
+        for worker in workers:
+            job = worker.job
+            if job is not None and not job.done() and job._kill_reason is None:
+                error = WorkerCrashed(None, None, reason)
+                error.__cause__ = cause
+                job._kill_reason = error
+        self._end_all(workers)
+        self._orphan(workers)
+        now = time.monotonic()
+        self._restarts.append(now)
+        while self._restarts and now - self._restarts[0] > _RESTART_WINDOW:
+            self._restarts.popleft()
+        containment.kill_launcher(
+            launcher.pid,
+            launcher.pidfd,
+            [worker.tree for worker in workers],
+            lambda: self._replace_launcher(why),
+        )
+
+    def _orphan(self, workers: list[Worker]) -> None:
+        """Their launcher is gone: no exit report will come for them."""
+        for worker in workers:
+            worker.orphaned = True
+        for worker in workers:
+            self._check_gone(worker)
+
+    def _replace_launcher(self, why: str) -> None:
+        if self._closed or self._replacing is not None:
+            return
+        if len(self._restarts) > _MAX_RESTARTS:
+            self._give_up(
+                f"the pool's launcher process failed {len(self._restarts)} times within "
+                f"{_RESTART_WINDOW:g} s (last: {why}); create a new ProcessPool"
+            )
+            return
+        assert self._loop is not None
+        self._replacing = self._loop.create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await self._start_launcher()
+        except Exception as exc:
+            self._give_up(f"the pool's launcher could not be restarted: {exc}")
+            return
+        finally:
+            self._replacing = None
+        self._top_up()
+
+    def _give_up(self, message: str) -> None:
+        self._broken = message
+        while self._queue:
+            self._queue.popleft()._finish(JobStatus.CANCELLED, exception=PoolClosed(message))
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` towards ``needed`` (two descriptors per
+    worker: its socket and a pidfd) if the hard limit allows; never lower it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if target > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

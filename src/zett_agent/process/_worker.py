@@ -1,14 +1,18 @@
 """The child side: what runs inside a worker process, and ``emit``.
 
-A worker is forked by the launcher. It reads cloudpickle'd jobs from its socket, runs each one
-and answers with JSON frames (see ``_protocol``). It imports almost nothing itself; everything it
-uses was already imported by the launcher before the fork, so a worker starts warm.
+A worker is forked by the launcher, already inside its own cgroup (cgroup containment) and a
+session of its own. It reads cloudpickle'd jobs from its socket, runs each one and answers
+with frames (see ``_protocol`` and ``_encode``). It imports almost nothing itself; everything
+it uses was imported by the launcher before the fork, so a worker starts warm.
+
+Nothing a job does here is trusted by the parent: the job runs in this very process and can
+write anything to the socket, change any flag, or exit with any status. The parent decides
+from what it observes (its own kill, the cgroup, pidfds), never from what the worker says.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import select
@@ -18,64 +22,23 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-from . import _linux, _tree
-from ._protocol import CLEAN_EXIT, FLAG_LAST, HEADER, RAW_TEXT_MIN
+from . import _linux, _scan
+from ._encode import Encoder
+from ._protocol import CHUNK, FLAG_LAST, HEADER
 
 __all__ = ["emit", "serve"]
 
-#: compact JSON; one encoder for every frame (``json.dumps`` with ``separators`` builds a new
-#: encoder for each call)
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-_JSON_HINT = "JSON-compatible data (dict with str keys, list, str, int, float, bool, None)"
+_JSON_HINT = "JSON data (dicts with str keys, lists, tuples, str, int, float, bool, None)"
 
 
 class _Channel:
-    """The worker's end of its socket; ``send`` is thread-safe and blocks (backpressure)."""
+    """The worker's end of its socket. One message at a time (a lock), blocking writes
+    (backpressure: the parent stops reading while its buffer for the job is full)."""
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
         self.sock = sock
-        self.max_frame_bytes = max_frame_bytes
         self.lock = threading.Lock()
-
-    def send(self, message: dict[str, Any]) -> None:
-        payload = _dumps(message).encode("utf-8")
-        if len(payload) > self.max_frame_bytes:
-            raise ValueError(
-                f"a {message['k']} of {len(payload)} bytes does not fit the pool's "
-                f"max_frame_bytes={self.max_frame_bytes}; send less data per frame or raise "
-                "ProcessPool(max_frame_bytes=...)"
-            )
-        with self.lock:
-            self._send_frame(payload)
-
-    def send_text_result(self, text: str, usage: dict[str, float]) -> None:
-        """A result that is one large string: a JSON frame announcing it, then its UTF-8.
-
-        An ASCII string (the common case, and known in O(1)) is encoded and sent in slices:
-        a whole-string ``encode`` would write a second copy of the result into fresh memory,
-        and first writes to fresh pages cost more than the copy itself. Sending slice by slice
-        also lets the parent read the start while the rest is encoded.
-
-        Raises ``UnicodeEncodeError`` for lone surrogates (the caller sends JSON instead).
-        """
-        data = None if text.isascii() else text.encode("utf-8")
-        size = len(text) if data is None else len(data)
-        if size > self.max_frame_bytes:
-            raise ValueError(
-                f"a result of {size} bytes does not fit the pool's max_frame_bytes="
-                f"{self.max_frame_bytes}; return less data or raise "
-                "ProcessPool(max_frame_bytes=...)"
-            )
-        announce = json.dumps({"k": "result", "text": size, "u": usage}).encode()
-        with self.lock:
-            self._send_frame(announce)
-            if data is not None:
-                self._send_frame(data)
-                return
-            self.sock.sendall(HEADER.pack(size))
-            for start in range(0, size, _TEXT_SLICE):
-                self.sock.sendall(text[start : start + _TEXT_SLICE].encode("ascii"))
+        self.encoder = Encoder(self._send_frame, max_frame_bytes)
 
     def _send_frame(self, payload: bytes) -> None:
         header = HEADER.pack(len(payload))
@@ -85,29 +48,44 @@ class _Channel:
             self.sock.sendall(header)
             self.sock.sendall(payload)
 
+    def message(self, kind: str, value: Any, usage: dict[str, float] | None = None) -> None:
+        with self.lock:
+            self.encoder.message(kind, value, usage)
 
-#: characters of an ASCII text result encoded and sent at a time: below malloc's mmap
-#: threshold (128 KiB), so the slice and its bytes reuse the same, already touched, heap memory
-#: each time (256 KiB slices were mmapped afresh each time and sending took 2.5x longer)
-_TEXT_SLICE = 1 << 16
+    def error(self, exc: BaseException, usage: dict[str, float]) -> None:
+        """Report the job's exception; long texts are cut so it fits one frame."""
+        import traceback
+
+        text = str(exc)
+        trace = "".join(traceback.format_exception(exc))
+        if len(text) > CHUNK // 8:
+            text = text[: CHUNK // 8] + "... (cut)"
+        if len(trace) > CHUNK // 4:
+            trace = "... (cut)\n" + trace[-(CHUNK // 4) :]
+        message = {
+            "k": "error",
+            "type": _type_name(exc),
+            "message": text,
+            "traceback": trace,
+            "u": usage,
+        }
+        from ._encode import _dumps
+
+        with self.lock:
+            self._send_frame(_dumps(message).encode())
 
 
 _channel: _Channel | None = None
 
 
-def _raw_text(result: Any) -> bool:
-    """Whether ``result`` is a large ``str`` that skips JSON (escaping and parsing are slow)."""
-    return type(result) is str and len(result) >= RAW_TEXT_MIN
-
-
 def emit(obj: Any) -> None:
     """Send ``obj`` as an event to the parent; it appears in ``ProcessJob.events()``.
 
-    Call it only from code running inside a pool job. ``obj`` must be JSON-compatible (tuples
-    arrive as lists). The write blocks while the parent's buffer for this job is full, so a
-    flood of events slows the job down instead of growing the parent's memory.
+    Call it only from code running inside a pool job. ``obj`` must be JSON data (tuples arrive
+    as lists). The write blocks while the parent's buffer for this job is full, so a flood of
+    events slows the job down instead of growing the parent's memory.
 
-    Raises ``TypeError`` naming the offending value if ``obj`` is not JSON-compatible,
+    Raises ``TypeError`` naming where ``obj`` is not JSON data (a non-str dict key, an object),
     ``ValueError`` if it is larger than the pool's ``max_frame_bytes``, and ``RuntimeError``
     outside a worker.
     """
@@ -118,11 +96,9 @@ def emit(obj: Any) -> None:
             "function you passed to ProcessPool.submit()"
         )
     try:
-        channel.send({"k": "event", "v": obj})
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ValueError) and "max_frame_bytes" in str(exc):
-            raise
-        raise TypeError(f"emit() takes {_JSON_HINT}; {exc}") from None
+        channel.message("event", obj)
+    except TypeError as exc:
+        raise TypeError(f"emit() takes {_JSON_HINT}: {exc}") from None
 
 
 def _channel_fd() -> int:
@@ -185,17 +161,6 @@ def _type_name(exc: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    import traceback
-
-    return {
-        "k": "error",
-        "type": _type_name(exc),
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
-
-
 def _apply_limits(spec: dict[str, Any]) -> None:
     if spec["memory_bytes"] is not None:
         resource.setrlimit(resource.RLIMIT_AS, (spec["memory_bytes"], spec["memory_bytes"]))
@@ -230,18 +195,24 @@ def _run(payload: bytes | memoryview) -> Any:
     return result
 
 
-def _reap_leftovers() -> None:
-    """Kill and reap every descendant a finished job left behind (this process is a subreaper)."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return  # the common case: the job started no process
-    _tree.freeze_and_kill(_tree.children_of(_tree.scan(), os.getpid()))
+def _clean_up() -> bool:
+    """Kill and reap what a job left behind; return whether this worker may run another job.
+
+    Best effort, in the job's own process: the parent checks independently (a job can lie).
+    Never blocks in a wait on a process it did not kill.
+    """
+    if len(os.listdir("/proc/self/task")) > 1:
+        return False  # a thread of the job still runs here: it would run into the next job
+    kids = _scan.children(os.getpid())
+    if kids:
+        _scan.wait_dead(_scan.freeze_and_kill(kids), timeout=1.0)
     while True:
         try:
-            os.waitpid(-1, 0)
+            pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return True
+        if pid == 0:
+            return False  # a child still lives (forked by what we killed, or unkillable)
 
 
 def _flush_std_streams() -> None:
@@ -268,22 +239,25 @@ def _warm_up() -> None:
         return None
 
     fn, args, kwargs, _spec = cloudpickle.loads(cloudpickle.dumps((nothing, (1,), {"k": 2}, None)))
-    _dumps({"k": "result", "v": fn(*args, **kwargs), "u": _usage()})
-    HEADER.pack(0)
+    sink: list[bytes] = []
+    Encoder(sink.append, 1 << 20).message("result", fn(*args, **kwargs), _usage())
 
 
-def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoReturn:
+def serve(
+    sock: socket.socket, launcher_pid: int, max_frame_bytes: int, pdeath: int = signal.SIGKILL
+) -> NoReturn:
     """Run jobs from ``sock`` until told the job is the last one or the socket closes; exit.
 
     Never returns: the process ends with ``os._exit`` so nothing of the launcher's state (atexit
-    handlers, buffered files) runs twice.
+    handlers, buffered files) runs twice. The parent kills the worker's tree once its last
+    result arrived; exiting first is just faster. ``pdeath`` is the signal this process gets
+    when the launcher dies.
     """
     global _channel
-    _linux.set_parent_death_signal(signal.SIGKILL)
+    _linux.set_parent_death_signal(pdeath)
     if os.getppid() != launcher_pid:
         os._exit(1)
     os.setsid()
-    _linux.set_child_subreaper()
     sock.setblocking(True)
     _channel = _Channel(sock, max_frame_bytes)
     # warm up only as a spare: when a job is already on its way (the pool is busy), the
@@ -297,6 +271,8 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
         if body is None:
             break
         last = body[0] & FLAG_LAST
+        # a job may have switched it off; orphans of the next job must land here again
+        _linux.set_child_subreaper()
         try:
             try:
                 result = _run(memoryview(body)[1:])  # no copy of large arguments
@@ -304,32 +280,20 @@ def serve(sock: socket.socket, launcher_pid: int, max_frame_bytes: int) -> NoRet
                 if os.getpid() != me:
                     # a process the job forked returned from the job: the answer is ours
                     os._exit(0)
+            _flush_std_streams()
+            # a worker that runs another job cleans up before it answers, so the parent finds
+            # it clean when the answer arrives (the parent checks; a last job's whole tree is
+            # killed by the parent when its answer arrives)
+            reusable = not last and _clean_up()
             try:
-                sent = False
-                if _raw_text(result):
-                    # lone surrogates cannot be UTF-8; JSON still carries them as escapes
-                    with contextlib.suppress(UnicodeEncodeError):
-                        _channel.send_text_result(result, _usage())
-                        sent = True
-                if not sent:
-                    _channel.send({"k": "result", "v": result, "u": _usage()})
-            except (TypeError, ValueError) as exc:
-                if isinstance(exc, ValueError) and "max_frame_bytes" in str(exc):
-                    raise
-                raise TypeError(
-                    f"results must be JSON-compatible (dict/list/str/int/float/bool/None); {exc}"
-                ) from None
+                _channel.message("result", result, _usage())
+            except TypeError as exc:
+                raise TypeError(f"results must be {_JSON_HINT}: {exc}") from None
         except BaseException as exc:
-            message = _error(exc)
-            message["u"] = _usage()
-            try:
-                _channel.send(message)
-            except (TypeError, ValueError):
-                message["message"] = repr(message["message"])[:1000]
-                message["traceback"] = ""
-                _channel.send(message)
-        _flush_std_streams()
-        _reap_leftovers()
-        if last:
+            _flush_std_streams()
+            reusable = not last and _clean_up()
+            _channel.error(exc, _usage())
+        if not reusable:
             break
-    os._exit(CLEAN_EXIT)
+    _flush_std_streams()
+    os._exit(0)

@@ -1,0 +1,286 @@
+"""cgroup v2 plumbing: find a writable hierarchy, lay out a pool's cgroups, kill, clean up.
+
+Layout, under the cgroup the host process runs in (so a pool started inside a worker, by a
+nested child agent, nests inside that worker's cgroup)::
+
+    <host's cgroup>/zett-agent/
+        pool-<host pid>-<host start time>-<n>/
+            launcher/          the pool's launcher process
+            workers/
+                w-<n>/         one worker and every process its job starts
+
+A process cannot leave its cgroup without write access to another cgroup's ``cgroup.procs``
+(root has it: see the README's threat model), and a fork lands in its parent's cgroup, so a
+worker's cgroup holds its whole tree however it forks, double-forks or calls ``setsid``.
+Writing ``1`` to ``cgroup.kill`` SIGKILLs every process in it, atomically against forks (Linux
+5.14); ``cgroup.events`` reads ``populated 0`` once they all exited, and the kernel reports that
+change to inotify watchers.
+
+Imported by the launcher, so it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+
+__all__ = [
+    "DIR_NAME",
+    "TREE_CONTROLLERS",
+    "PoolCgroup",
+    "cgroup_problem",
+    "kill",
+    "populated",
+    "remove_tree",
+    "write",
+]
+
+DIR_NAME = "zett-agent"
+#: ProcessLimits fields that need a controller -> (controller, file written)
+TREE_CONTROLLERS = {
+    "max_processes": ("pids", "pids.max"),
+    "tree_memory_bytes": ("memory", "memory.max"),
+}
+_WANTED = ("pids", "memory", "cpu")
+_counter = itertools.count(1)
+
+
+def write(path: str, data: str) -> None:
+    """Write ``data`` to a cgroup file in one ``write`` (cgroupfs takes one value per write)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+def kill(cgroup: str) -> bool:
+    """SIGKILL every process in ``cgroup`` and its descendant cgroups; False if it is gone."""
+    try:
+        write(f"{cgroup}/cgroup.kill", "1")
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def populated(cgroup: str) -> bool:
+    """Whether any process is still in ``cgroup`` or below (False once it is gone)."""
+    try:
+        text = read(f"{cgroup}/cgroup.events")
+    except FileNotFoundError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("populated "):
+            return line != "populated 0"
+    return False
+
+
+def remove_tree(cgroup: str) -> bool:
+    """Remove ``cgroup`` and every cgroup below it, deepest first; True if it is gone.
+
+    Only empty cgroups can be removed: kill first and wait for ``populated 0``.
+    """
+    try:
+        entries = list(os.scandir(cgroup))
+    except FileNotFoundError:
+        return True
+    ok = True
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            ok = remove_tree(entry.path) and ok
+    try:
+        os.rmdir(cgroup)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return ok
+
+
+def _v2_mount() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted (pure v2 or the hybrid ``unified`` mount)."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            for line in handle:
+                before, _, after = line.partition(" - ")
+                if after.split(" ", 1)[0] == "cgroup2":
+                    found.append(before.split(" ")[4])
+    except OSError:
+        return None
+    for preferred in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if preferred in found:
+            return preferred
+    return found[0] if found else None
+
+
+def _own_cgroup() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as handle:
+            for line in handle:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/PID/stat`` (start time in clock ticks): with the pid, an identity
+    that survives pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _base() -> tuple[str | None, str]:
+    mount = _v2_mount()
+    if mount is None:
+        return (
+            None,
+            "no cgroup v2 hierarchy is mounted (pure at /sys/fs/cgroup or hybrid at "
+            "/sys/fs/cgroup/unified)",
+        )
+    own = _own_cgroup()
+    if own is None:
+        return None, "this process is not in a cgroup v2 cgroup (/proc/self/cgroup has no 0:: line)"
+    path = os.path.normpath(f"{mount}/{own.lstrip('/')}")
+    if not os.path.isdir(path):
+        return None, f"this process's cgroup {path} is not visible (another cgroup namespace?)"
+    return path, ""
+
+
+def cgroup_problem() -> str | None:
+    """Why cgroup containment is not available here, in one line, or ``None`` if it is.
+
+    Available means: a cgroup v2 hierarchy is mounted, the cgroup this process runs in lets it
+    create cgroups (root, or a delegated subtree such as a systemd ``Delegate=yes`` scope), and
+    the kernel has ``cgroup.kill`` (Linux 5.14).
+    """
+    host, reason = _base()
+    if host is None:
+        return reason
+    base = f"{host}/{DIR_NAME}"
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as exc:
+        return (
+            f"cannot create cgroups in {host} ({exc.strerror}); run as root or in a delegated "
+            "cgroup"
+        )
+    if not os.path.exists(f"{base}/cgroup.kill"):
+        return "this kernel has no cgroup.kill (Linux 5.14 or newer is needed)"
+    if not os.access(f"{base}/cgroup.procs", os.W_OK):
+        return f"cannot move processes into {base} (no write access to cgroup.procs)"
+    return None
+
+
+class PoolCgroup:
+    """The cgroups of one pool: created by ``create``, removed by ``remove``.
+
+    Also removes, at creation, what pools whose host died left behind (their host pid and start
+    time no longer match a live process): everything in those cgroups is killed first.
+    """
+
+    def __init__(
+        self, path: str, controllers: frozenset[str], stale: list[str] | None = None
+    ) -> None:
+        self.path = path
+        #: cgroups of dead hosts' pools, killed but not empty yet: ``remove_stale`` later
+        self.stale = stale or []
+        self.launcher = f"{path}/launcher"
+        self.workers = f"{path}/workers"
+        #: controllers enabled for the worker cgroups (``pids``, ``memory``, ``cpu``)
+        self.controllers = controllers
+
+    @classmethod
+    def create(cls) -> PoolCgroup:
+        """Detect, clean up stale pools, create this pool's cgroups.
+
+        Raises ``OSError`` with the reason (``cgroup_problem``) when cgroups cannot be used.
+        """
+        problem = cgroup_problem()
+        host, _ = _base()
+        if problem is not None or host is None:
+            raise OSError(errno.EPERM, problem or "no cgroup v2")
+        base = f"{host}/{DIR_NAME}"
+        stale = remove_stale(base)
+        controllers = _enable(base)
+        me = os.getpid()
+        path = f"{base}/pool-{me}-{_start_time(me)}-{next(_counter)}"
+        os.mkdir(path)
+        try:
+            os.mkdir(f"{path}/launcher")
+            os.mkdir(f"{path}/workers")
+            controllers = _enable(path, controllers)
+            controllers = _enable(f"{path}/workers", controllers)
+        except BaseException:
+            remove_tree(path)
+            raise
+        return cls(path, controllers, stale)
+
+    def remove(self) -> bool:
+        """Kill whatever is left in the pool's cgroups and remove them; True if all are gone.
+
+        Processes killed here may take a moment to exit; a cgroup still populated is left for
+        the next pool to remove (``remove_stale``).
+        """
+        kill(self.path)
+        gone = remove_tree(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.path))  # the shared zett-agent cgroup, if now empty
+        return gone
+
+
+def _enable(cgroup: str, wanted: frozenset[str] | None = None) -> frozenset[str]:
+    """Enable for ``cgroup``'s children what it has of the wanted controllers (its
+    ``cgroup.controllers`` says what its parent passes down); return what they will have."""
+    child = cgroup
+    try:
+        available = set(read(f"{child}/cgroup.controllers").split())
+    except OSError:
+        return frozenset()
+    names = [c for c in (_WANTED if wanted is None else wanted) if c in available]
+    enabled = set()
+    for name in names:
+        try:
+            write(f"{child}/cgroup.subtree_control", f"+{name}")
+        except OSError:
+            continue  # e.g. EBUSY: the cgroup holds processes of its own
+        enabled.add(name)
+    return frozenset(enabled)
+
+
+def remove_stale(base: str) -> list[str]:
+    """Kill and remove the pool cgroups in ``base`` whose host process is gone; return those
+    that are not empty yet (their processes were killed; the exits take a moment)."""
+    left: list[str] = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return left
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 4 or parts[0] != "pool" or not parts[1].isdigit():
+            continue
+        if _start_time(int(parts[1])) == parts[2]:
+            continue  # its host lives: not ours to touch
+        path = f"{base}/{name}"
+        kill(path)
+        if not remove_tree(path):
+            left.append(path)
+    return left

@@ -1,0 +1,216 @@
+"""Finding and killing a process tree without cgroups: freeze, enumerate, kill, confirm.
+
+A tree can change while it is being looked at, so it is frozen first: every member found gets
+``SIGSTOP``. A stopped process can neither fork nor reap, so its children stay listed under it
+(alive or as zombies) and their pids cannot be reused. Each round lists the children of *every*
+stopped member again (an orphan that was reparented to a stopped subreaper of the tree shows up
+there) and stops the new ones; the rounds go on, however long the tree keeps forking, until a
+round finds nothing new. Then everything gets ``SIGKILL``.
+
+Children are read from ``/proc/PID/task/TID/children`` (every thread's list); on kernels built
+without it, from one scan of all of ``/proc`` per round.
+
+Imported by the launcher (its orphan sweep and shutdown) and by the host's kill thread; it
+imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+from collections.abc import Iterable
+
+__all__ = ["children", "freeze_and_kill", "scan", "signal_tree", "state", "wait_dead"]
+
+#: process states in which a process can no longer fork: stopped, traced, zombie, dead
+_FROZEN = frozenset("TtZXx")
+#: how long to wait for one process to act on SIGSTOP before looking at its children anyway (a
+#: process in uninterruptible sleep stops when it wakes; it cannot fork before that)
+_STOP_WAIT = 0.05
+#: how long to wait for killed processes to exit before giving up on confirming it (a process
+#: stuck in the kernel, e.g. on a dead NFS server, dies when the kernel lets it)
+_DEATH_WAIT = 5.0
+
+_HAVE_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 1 << 20)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def state(pid: int) -> tuple[int, str] | None:
+    """``(ppid, state letter)`` of ``pid``, or ``None`` if there is no such process."""
+    data = _read(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    # the command name is in parentheses and may contain spaces or parentheses
+    rest = data[data.rfind(b")") + 2 :].split(b" ", 2)
+    if len(rest) < 2:
+        return None
+    return int(rest[1]), rest[0].decode("ascii", "replace")
+
+
+def scan() -> dict[int, tuple[int, str]]:
+    """Return ``{pid: (ppid, state)}`` for every process visible in ``/proc``."""
+    out: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (found := state(int(name))) is not None:
+            out[int(name)] = found
+    return out
+
+
+def children(pid: int, procs: dict[int, tuple[int, str]] | None = None) -> set[int]:
+    """The children of ``pid`` (from every thread's ``children`` list, or from ``procs``)."""
+    if procs is None and _HAVE_CHILDREN_FILE:
+        out: set[int] = set()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return out
+        for tid in tids:
+            data = _read(f"/proc/{pid}/task/{tid}/children")
+            if data:
+                out.update(int(child) for child in data.split())
+        return out
+    if procs is None:
+        procs = scan()
+    return {child for child, (ppid, _state) in procs.items() if ppid == pid}
+
+
+def _send(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def signal_tree(roots: Iterable[int], signum: int) -> set[int]:
+    """Send ``signum`` to ``roots`` and the descendants found then; return who got it.
+
+    Not atomic against forks (use ``freeze_and_kill`` for that): meant for the courtesy SIGTERM
+    before a kill.
+    """
+    done: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in done or not _send(pid, signum):
+            continue
+        done.add(pid)
+        todo.extend(children(pid))
+    return done
+
+
+def _await_stopped(pids: Iterable[int]) -> None:
+    for pid in pids:
+        deadline = time.monotonic() + _STOP_WAIT
+        while (found := state(pid)) is not None and found[1] not in _FROZEN:
+            if time.monotonic() > deadline:
+                break
+            # the target needs a CPU to act on SIGSTOP and may be queued behind us: sleep
+            # (sched_yield does not reliably hand the CPU over)
+            time.sleep(0.0001)
+
+
+def freeze_and_kill(
+    roots: Iterable[int], *, exclude: Iterable[int] = (), pidfds: dict[int, int] | None = None
+) -> set[int]:
+    """Stop ``roots`` and all their descendants until no new one appears, then SIGKILL them.
+
+    ``exclude`` are pids never touched (a launcher sweeping its orphans excludes its live
+    workers). ``pidfds`` maps roots to pidfds the caller holds: those roots are signalled
+    through them, so a root that exited and whose pid was reused is never hit (descendants
+    need none: they are found under a stopped parent, which cannot reap them, so their pids
+    cannot be reused meanwhile). Returns every pid that was killed; their parents or
+    subreapers reap them, and ``wait_dead`` waits until they exited. Each round lists the
+    children of every stopped process (so orphans reparented inside the tree are found); the
+    rounds end when one finds nothing new, however fast the tree forks. Blocks the calling
+    thread for about one round per level the tree grows while it is being frozen.
+    """
+    skip = set(exclude)
+    stopped: set[int] = set()
+    frontier = {pid for pid in roots if pid not in skip}
+    procs: dict[int, tuple[int, str]] | None = None
+    through = pidfds or {}
+    while frontier:
+        newly = {pid for pid in frontier if _signal(pid, signal.SIGSTOP, through)}
+        stopped |= newly
+        # stopped before they are listed: from then on none of them can fork
+        _await_stopped(newly)
+        if not _HAVE_CHILDREN_FILE:
+            procs = scan()
+        found: set[int] = set()
+        for pid in stopped:
+            found |= children(pid, procs)
+        frontier = found - stopped - skip
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL, through)
+    return stopped
+
+
+def _signal(pid: int, signum: int, pidfds: dict[int, int]) -> bool:
+    fd = pidfds.get(pid)
+    if fd is None:
+        return _send(pid, signum)
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def wait_dead(pids: Iterable[int], timeout: float = _DEATH_WAIT) -> bool:
+    """Block until every pid in ``pids`` has exited (is a zombie or gone); True if all did.
+
+    Waits on pidfds (readable once the process exited); a pid whose pidfd cannot be opened has
+    already been reaped.
+    """
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                continue
+            except OSError:  # out of descriptors: fall back to looking at /proc
+                return _wait_dead_slowly(pids, timeout)
+        deadline = time.monotonic() + timeout
+        pending = set(fds)
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for fd, _events in poller.poll(left * 1000):
+                pending.discard(fd)
+                poller.unregister(fd)
+        return True
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _wait_dead_slowly(pids: Iterable[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while (found := state(pid)) is not None and found[1] not in "ZXx":
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+    return True

@@ -1,0 +1,117 @@
+"""The runner interface: how a subagent extension starts, watches and stops its children."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from zett_agent.process import JobUsage, ProcessLimits
+    from zett_agent.runners._child import ChildSpec
+
+__all__ = ["ChildJob", "ChildRunner"]
+
+
+@runtime_checkable
+class ChildJob(Protocol):
+    """One running child, as a runner hands it to the extension.
+
+    The outcome is the child's report (``result()``) or one exception (``exception()``):
+    the process engine's errors are the vocabulary (``JobFailed`` for an exception the child
+    raised, ``WorkerCrashed``, ``JobTimeout``, ``LimitExceeded``, ``JobCancelled`` after
+    ``cancel()``, ``PoolClosed`` when the runner closed under it); a runner with other
+    failure modes raises its own ``zett_agent.process.ProcessError`` subclass.
+    """
+
+    @property
+    def pid(self) -> int | None:
+        """The id of the OS process the child runs in while it runs (``None`` before, after,
+        and where a runner has no such thing)."""
+        ...
+
+    def events(self) -> AsyncIterator[Any]:
+        """The child's progress events (JSON-compatible dicts), in order, until it ends.
+
+        Iterated once, by one consumer. A job may drop events nobody reads.
+        """
+        ...
+
+    def done(self) -> bool:
+        """Whether the child reached its outcome."""
+        ...
+
+    async def wait(self) -> None:
+        """Wait for the outcome without raising it. Cancelling the caller leaves the child."""
+        ...
+
+    def result(self) -> Any:
+        """The child's report (``run_child``'s return value); raises its exception instead."""
+        ...
+
+    def exception(self) -> BaseException | None:
+        """The child's exception, or ``None`` when it completed. Only once ``done()``."""
+        ...
+
+    async def cancel(self) -> None:
+        """Stop the child and return once it is gone (for processes: the whole tree reaped).
+
+        A finished child is left as it is. If the caller is cancelled meanwhile, the stop still
+        completes.
+        """
+        ...
+
+    def usage(self) -> JobUsage:
+        """CPU seconds, resident memory and its peak, and elapsed time of the child so far."""
+        ...
+
+    def info(self) -> Mapping[str, Any]:
+        """Runner-specific facts for ``task_info`` (JSON-compatible): why a child still waits,
+        which node runs it... Keys here are added to the task's info while it runs; an empty
+        mapping adds nothing."""
+        ...
+
+
+@runtime_checkable
+class ChildRunner(Protocol):
+    """Starts children for a subagent extension; chosen with ``runner=`` on the extension.
+
+    Three exist: ``ProcessRunner`` (the default: a process per child, hard kill, limits),
+    ``InProcessRunner`` (asyncio tasks in the parent, for development without the process
+    engine) and, as an optional extra, a Ray runner. A runner belongs to one extension, which
+    closes it in its own ``close()``.
+
+    The contract for every runner, tested against each (``tests/subagents``): ``submit``
+    never waits for the child to finish; the job reaches exactly one outcome; ``cancel``
+    returns once the child is gone; ``close`` leaves nothing running.
+    """
+
+    def warm_up(self, modules: Iterable[str] = ()) -> None:
+        """Prepare in the background so the first child starts fast; never blocks.
+
+        Called from the event loop at the start of every request of an agent that may start
+        children, and before each ``submit``. ``modules`` are the importable modules the coming
+        children will import (their tools, models and extensions; never ``__main__``): a runner
+        may import them ahead (``ProcessRunner`` preloads them in its launcher) or ignore them.
+        """
+        ...
+
+    async def submit(self, spec: ChildSpec, *, limits: ProcessLimits | None = None) -> ChildJob:
+        """Start one child running ``run_child(spec)`` and return its job at once.
+
+        ``limits`` bound it (a runner documents which fields it honours). Awaits only the
+        runner's own start (a pool booting), never the child.
+
+        Raises:
+            TypeError: the spec cannot be shipped to where the child runs; the message names
+                the part (``unpicklable_part``).
+            RuntimeError: the runner is closed.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release what the runner holds (its pool, its connection). Idempotent.
+
+        The extension cancels its running children before calling this; a runner still kills
+        whatever is left, so nothing outlives the call.
+        """
+        ...

@@ -1,0 +1,357 @@
+"""``ProcessRunner``: each child agent in its own OS process of a ``ProcessPool`` (the default)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from zett_agent.process import (
+    JobStatus,
+    JobUsage,
+    PoolClosed,
+    ProcessError,
+    ProcessJob,
+    ProcessLimits,
+    ProcessPool,
+)
+from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
+from zett_agent.runners._preload import RUNTIME_MODULES, excluded
+
+__all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner"]
+
+log = logging.getLogger(__name__)
+
+#: Default global cap on the processes one ``ProcessRunner`` runs at once, across every session
+#: of its extension. A safety bound (against a model or a bug starting children without end),
+#: not a scheduling knob: child agents mostly wait on a model, so every task ``max_concurrent``
+#: admits should run at once. 256 running children of about 7 MiB unique memory each is under
+#: 2 GiB, and their descriptors in the parent (a socket, and a pidfd with the reworked engine)
+#: stay inside the common limit of 1024 open files.
+DEFAULT_MAX_CHILDREN = 256
+
+
+class ProcessChildJob:
+    """A child running in a pool process: the ``ChildJob`` view of a ``ProcessJob``.
+
+    ``job`` is the underlying ``zett_agent.process.ProcessJob`` (its ``status``, ``limits``,
+    ``dropped_events``). While the job waits for a free process (the runner's
+    ``max_children`` are all in use), ``info()`` says so: ``{"waiting": "waiting for a
+    process: 256 of 256 in use"}``.
+    """
+
+    __slots__ = ("_grace", "_pool", "job")
+
+    def __init__(self, job: ProcessJob, pool: ProcessPool, grace: float | None) -> None:
+        self.job = job
+        self._pool = pool
+        self._grace = grace
+
+    def __repr__(self) -> str:
+        return f"<ProcessChildJob {self.job!r}>"
+
+    @property
+    def pid(self) -> int | None:
+        return self.job.pid
+
+    def events(self) -> AsyncIterator[Any]:
+        return self.job.events()
+
+    def done(self) -> bool:
+        return self.job.done()
+
+    async def wait(self) -> None:
+        await self.job.wait()
+
+    def result(self) -> Any:
+        return self.job.result()
+
+    def exception(self) -> BaseException | None:
+        return self.job.exception()
+
+    async def cancel(self) -> None:
+        """Kill the child's whole process tree; returns once every process is reaped."""
+        await self.job.cancel(grace=self._grace)
+
+    def usage(self) -> JobUsage:
+        return self.job.usage()
+
+    def info(self) -> Mapping[str, Any]:
+        pool = self._pool
+        if self.job.status is JobStatus.QUEUED and pool.running >= pool.max_workers:
+            # queued behind the cap (not just for the moment a fresh process takes to fork)
+            return {
+                "waiting": f"waiting for a process: {pool.running} of {pool.max_workers} in use"
+            }
+        return {}
+
+
+class _ExtensionPool(ProcessPool):
+    """The pool a ``ProcessRunner`` creates: when it is garbage collected unclosed, the
+    warning names the extension the user created, not a pool they never saw."""
+
+    owner = "ProcessRunner"
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        owner = self.owner
+
+        def warn(message: str, category: type[Warning], source: object = None) -> None:
+            _warn(
+                f"unclosed {owner}: its child processes were left to be killed at garbage "
+                "collection; call 'await extension.close()' when the application shuts down, "
+                f"or use 'async with {owner}(...) as extension:'",
+                ResourceWarning,
+                source=source,
+            )
+
+        super().__del__(warn)
+
+
+class ProcessRunner:
+    """Runs each child agent in its own OS process (the default runner).
+
+    Processes come from a ``zett_agent.process.ProcessPool``: forked ahead of demand by a
+    launcher process, killed with their whole process tree on cancel, timeout or close, bounded
+    by the definition's ``ProcessLimits`` (all of its fields apply). The pool is created on the
+    first request (``warm_up``) or the first child, in the running event loop, and closed by
+    ``close()``; or it is the ``pool`` you pass, which ``close()`` leaves open (you close it).
+
+    Args:
+        pool: A ``ProcessPool`` to share (started on first use, never closed here). Its own
+            ``max_workers`` and ``preload`` apply; the options below that shape a pool may not
+            be combined with it.
+        max_children: Global cap on children running at once, across every session
+            (default ``DEFAULT_MAX_CHILDREN``, 256): a safety bound, not the CPU count. A
+            child beyond it waits, and its task info says ``waiting for a process: N of N in
+            use``.
+        spare_processes: Processes kept forked ahead of demand (default 2).
+        kill_grace: Seconds between SIGTERM and SIGKILL when a child is cancelled (default:
+            SIGKILL at once).
+        preload: ``None`` (default): import, once in the launcher before it forks, the
+            modules the children will import (their tools', models' and extensions' modules,
+            the extension subclass's, the model adapters in use; never ``__main__``), as the
+            extension reports them through ``warm_up``. A sequence: exactly these modules
+            instead (``()`` preloads only zett_agent's own child runtime).
+        preload_exclude: Modules (and packages: a name covers its submodules) never preloaded
+            automatically, for modules whose import has side effects that must not happen in
+            the launcher (a thread, a connection, a file opened at import time).
+
+    If an automatically found module fails to import in the launcher, the pool starts again
+    without the automatic modules (a warning is logged naming the error); children then
+    import what they need themselves.
+
+    Raises:
+        ValueError: a bad option, or pool-shaping options combined with ``pool``.
+    """
+
+    def __init__(
+        self,
+        pool: ProcessPool | None = None,
+        *,
+        max_children: int | None = None,
+        spare_processes: int | None = None,
+        kill_grace: float | None = None,
+        preload: Sequence[str] | None = None,
+        preload_exclude: Sequence[str] = (),
+    ) -> None:
+        if pool is not None and not isinstance(pool, ProcessPool):
+            raise TypeError(f"pool must be a zett_agent.process.ProcessPool, got {pool!r}")
+        shaping = {
+            "max_children": max_children,
+            "spare_processes": spare_processes,
+            "preload": preload,
+        }
+        given = [name for name, value in shaping.items() if value is not None]
+        if pool is not None and given:
+            raise ValueError(
+                f"{', '.join(given)} shape the pool this runner creates; with a shared pool, "
+                "set them on the ProcessPool itself (max_workers=, spare_workers=, preload=)"
+            )
+        if max_children is None:
+            max_children = DEFAULT_MAX_CHILDREN
+        if not isinstance(max_children, int) or isinstance(max_children, bool):
+            raise TypeError(f"max_children must be an int, got {max_children!r}")
+        if max_children < 1:
+            raise ValueError(f"max_children must be at least 1, got {max_children}")
+        if spare_processes is not None and spare_processes < 0:
+            raise ValueError(f"spare_processes must be >= 0, got {spare_processes}")
+        if kill_grace is not None and not kill_grace >= 0:
+            raise ValueError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
+        if isinstance(preload, str) or isinstance(preload_exclude, str):
+            raise TypeError("preload and preload_exclude take a list of module names, not a str")
+        self.max_children = max_children
+        self.spare_processes = min(2, max_children) if spare_processes is None else spare_processes
+        self.kill_grace = kill_grace
+        self.preload = None if preload is None else tuple(preload)
+        self.preload_exclude = tuple(preload_exclude)
+        self._shared = pool
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._own: ProcessPool | None = None
+        self._wanted: dict[str, None] = {}
+        self._lock: asyncio.Lock | None = None
+        self._warming: asyncio.Task[None] | None = None
+        self._closed = False
+        #: named in the warning for an unclosed pool; the extension sets it to its own name
+        self.owner = "ProcessRunner"
+
+    def __repr__(self) -> str:
+        pool = self._shared or self._own
+        state = "closed" if self._closed else "started" if pool is not None else "new"
+        return f"<ProcessRunner {state} max_children={self.max_children}>"
+
+    # A runner travels inside a definition when a child starts children of its own: only its
+    # configuration goes; the child creates its own pool on first use.
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "max_children": self.max_children,
+            "spare_processes": self.spare_processes,
+            "kill_grace": self.kill_grace,
+            "preload": self.preload,
+            "preload_exclude": self.preload_exclude,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._shared = None
+        self._init_runtime()
+
+    @property
+    def pool(self) -> ProcessPool | None:
+        """The pool children run in, once there is one (the shared pool, or the own one)."""
+        return self._shared or self._own
+
+    # -- ChildRunner ------------------------------------------------------------------------
+
+    def warm_up(self, modules: Iterable[str] = ()) -> None:
+        """Start the pool in the background, preloading ``modules`` (see ``preload``)."""
+        if self._closed:
+            return
+        if self._own is None and self._warming is None:
+            for name in modules:
+                if name not in self._wanted and not excluded(name, self.preload_exclude):
+                    self._wanted[name] = None
+        if self._warming is None and (self._shared is not None or self._own is None):
+            self._warming = asyncio.get_running_loop().create_task(self._warm())
+
+    async def _warm(self) -> None:
+        try:
+            await self._pool()
+        except Exception:
+            # The first real submit starts the pool again and reports the error to its caller.
+            log.debug("warming up the process pool failed", exc_info=True)
+
+    async def submit(
+        self, spec: ChildSpec, *, limits: ProcessLimits | None = None
+    ) -> ProcessChildJob:
+        """Start ``run_child(spec)`` in a pool process; returns at once (after the pool's
+        first start). The child waits for a process if ``max_children`` are busy.
+
+        Raises ``TypeError`` naming the part of the spec that cannot be pickled, and
+        ``RuntimeError`` once closed.
+        """
+        pool = await self._pool()
+        try:
+            try:
+                job = pool.submit(run_child, spec, limits=limits)
+            except PoolClosed:
+                if self._shared is not None or self._closed:
+                    raise
+                # our own pool lost its launcher (killed from outside): start a new one
+                pool = await self._replace(pool)
+                job = pool.submit(run_child, spec, limits=limits)
+        except TypeError as exc:
+            part = unpicklable_part(spec) or str(exc)
+            raise TypeError(
+                f"cannot start a child of {spec.definition.name!r}: {part}. Everything a child "
+                "needs is sent to its process with cloudpickle: keep locks, clients, "
+                "connections and event loops out of what the definition holds (create them in "
+                "the child, inside the tool or the model), or define the class in an "
+                "importable module"
+            ) from exc
+        return ProcessChildJob(job, pool, self.kill_grace)
+
+    async def close(self) -> None:
+        """Close the pool this runner created, killing whatever still runs in it (a shared
+        pool stays open). Idempotent. A pool still starting is waited for, then closed."""
+        self._closed = True
+        if self._warming is not None:
+            await asyncio.gather(self._warming, return_exceptions=True)
+        if self._lock is not None:
+            async with self._lock:
+                pass  # a start in progress has finished (or failed) once the lock is free
+        if self._own is not None:
+            pool, self._own = self._own, None
+            await pool.close()
+
+    async def __aenter__(self) -> ProcessRunner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the pool ---------------------------------------------------------------------------
+
+    async def _pool(self) -> ProcessPool:
+        if self._closed:
+            raise RuntimeError("this extension is closed; create a new one to start tasks")
+        if self._shared is not None:
+            await self._shared.start()  # no-op once started; the application still closes it
+            return self._shared
+        if self._own is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if self._closed:
+                    raise RuntimeError("this extension is closed; create a new one to start tasks")
+                if self._own is None:
+                    self._own = await self._start_own()
+        return self._own
+
+    async def _replace(self, broken: ProcessPool) -> ProcessPool:
+        assert self._lock is not None
+        async with self._lock:
+            if self._own is broken:
+                log.warning("%s: the process pool's launcher died; starting a new pool", self.owner)
+                self._own = None
+                await broken.close()
+                self._own = await self._start_own()
+        return await self._pool()
+
+    async def _start_own(self) -> ProcessPool:
+        chosen = list(self._wanted) if self.preload is None else list(self.preload)
+        extra = [name for name in chosen if name not in RUNTIME_MODULES]
+        try:
+            return await self._new_pool((*RUNTIME_MODULES, *extra))
+        except ProcessError as exc:
+            if not extra or self.preload is not None:
+                raise
+            log.warning(
+                "%s: preloading the children's modules failed (%s); starting the pool without "
+                "them (children import them themselves). To skip a module with import side "
+                "effects, pass ProcessRunner(preload_exclude=[...]).",
+                self.owner,
+                exc,
+            )
+            return await self._new_pool(RUNTIME_MODULES)
+
+    async def _new_pool(self, preload: Sequence[str]) -> ProcessPool:
+        pool = _ExtensionPool(
+            max_workers=self.max_children,
+            spare_workers=min(self.spare_processes, self.max_children),
+            kill_grace=self.kill_grace or 0.0,
+            preload=preload,
+        )
+        pool.owner = self.owner
+        await pool.start()
+        return pool
+
+
+if TYPE_CHECKING:  # both satisfy the runner interface
+    from zett_agent.runners._base import ChildJob, ChildRunner
+
+    def _check(runner: ProcessRunner, job: ProcessChildJob) -> tuple[ChildRunner, ChildJob]:
+        return runner, job

@@ -1,0 +1,278 @@
+"""The runners' own behaviour: what the process runner preloads, failure reasons that keep
+their cause, and the runner interface both built-in runners implement."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import types
+from collections.abc import Iterator
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _contract_children import AnnounceAndBlock
+from _subagent_models import WHOAMI, ChildModel, call
+
+from _reaping import reap_adopted
+from _scripted_models import StepModel
+from zett_agent.agent import AgentRunConfig
+from zett_agent.client import create_agent
+from zett_agent.extensions._runner import failure_reason
+from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
+from zett_agent.extensions.subagent import SubAgentDefinition
+from zett_agent.extensions.tool_guidelines import ToolGuidelinesExtension
+from zett_agent.messages import AssistantMessage
+from zett_agent.models.openai import OpenAIChatModel
+from zett_agent.process import (
+    JobFailed,
+    JobTimeout,
+    LimitExceeded,
+    ProcessError,
+    WorkerCrashed,
+)
+from zett_agent.runners import (
+    ChildJob,
+    ChildRunner,
+    InProcessRunner,
+    ProcessRunner,
+)
+from zett_agent.runners._preload import RUNTIME_MODULES, child_modules
+from zett_agent.tools import tool
+
+HANG_GUARD = 60
+
+
+def definition(model: Any, name: str = "w", **fields: Any) -> SubAgentDefinition:
+    return SubAgentDefinition(name, "test profile", "child", model, **fields)
+
+
+@tool
+def shout(text: str) -> str:
+    """Shout.
+
+    Args:
+        text: what to shout.
+    """
+    return text.upper()
+
+
+# -- preloading the children's modules ------------------------------------------------------
+
+
+def test_child_modules_are_found_in_models_tools_extensions_and_nested_definitions() -> None:
+    class MainModel(ChildModel):
+        pass
+
+    MainModel.__module__ = "__main__"  # defined in a script: never preloaded
+    nested = AsyncSubAgentExtension([definition(ChildModel("deep"), name="deep")])
+    definitions = [
+        definition(ChildModel("x"), tools=[WHOAMI, shout]),
+        definition(None, name="inherits", extensions=[ToolGuidelinesExtension(), nested]),
+        definition(MainModel("y"), name="main"),
+    ]
+    parent_model = OpenAIChatModel("gpt-4o-mini", api_key="unused")
+    found = child_modules(definitions, parent_model, AsyncSubAgentExtension)
+    assert "_scripted_models" in found  # ChildModel's module (a model)
+    assert "_subagent_models" in found  # WHOAMI's handler (a tool)
+    assert __name__ in found  # shout, through the tool decorator's wrapper
+    assert "zett_agent.extensions._tool_guidelines" in found  # an extension's class
+    assert "zett_agent.models._openai" in found  # the parent's model, for model=None
+    assert "zett_agent.models._openai_preload" in found  # what OpenAIChatModel declares
+    assert "zett_agent.extensions._async_subagent" in found  # the nested extension's class
+    assert "__main__" not in found and not any(name.startswith("__main__") for name in found)
+
+
+@pytest.fixture
+def ghost_module() -> Iterator[str]:
+    """A module the parent has (sys.modules) but no other process can import."""
+    name = "zett_test_ghost_module"
+    module = types.ModuleType(name)
+    module.__spec__ = ModuleSpec(name, None)
+    sys.modules[name] = module
+    yield name
+    del sys.modules[name]
+
+
+async def test_the_launcher_preloads_them_except_those_excluded(
+    ghost_module: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ChildModel("x")
+    runner = ProcessRunner(preload_exclude=["_subagent_models"])
+    async with AsyncSubAgentExtension([definition(model, tools=[WHOAMI])], runner=runner) as ext:
+        await _one_request(ext)
+        assert runner._warming is not None
+        await runner._warming
+        assert runner.pool is not None
+        preload = runner.pool.preload
+    assert preload[: len(RUNTIME_MODULES)] == RUNTIME_MODULES
+    assert "_scripted_models" in preload
+    assert "_subagent_models" not in preload  # excluded: its import stays in the children
+
+
+async def test_a_module_that_fails_in_the_launcher_falls_back_to_no_automatic_preload(
+    ghost_module: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Ghostly(ChildModel):
+        pass
+
+    Ghostly.__module__ = ghost_module
+    runner = ProcessRunner()
+    async with AsyncSubAgentExtension([definition(Ghostly("x"))], runner=runner) as extension:
+        with caplog.at_level(logging.WARNING, logger="zett_agent.runners._process"):
+            await _one_request(extension)
+            assert runner._warming is not None
+            await runner._warming
+        assert runner.pool is not None
+        assert runner.pool.preload == RUNTIME_MODULES
+    [record] = [r for r in caplog.records if "preloading" in r.getMessage()]
+    assert ghost_module in record.getMessage() and "preload_exclude" in record.getMessage()
+
+
+async def test_an_explicit_preload_replaces_the_automatic_one() -> None:
+    runner = ProcessRunner(preload=["json"])
+    async with AsyncSubAgentExtension([definition(ChildModel("x"))], runner=runner) as extension:
+        await _one_request(extension)
+        assert runner._warming is not None
+        await runner._warming
+        assert runner.pool is not None
+        assert runner.pool.preload == (*RUNTIME_MODULES, "json")
+
+
+async def _one_request(extension: AsyncSubAgentExtension) -> None:
+    client = await create_agent(
+        StepModel([AssistantMessage("idle")]),
+        config=AgentRunConfig(session_id="s"),
+        extensions=[extension],
+    )
+    async with client, asyncio.timeout(HANG_GUARD):
+        await client.run("go")
+
+
+# -- failure reasons keep their cause ----------------------------------------------------------
+
+
+def test_a_crash_whose_cause_is_the_launcher_names_the_cause_in_one_line() -> None:
+    crashed = WorkerCrashed(None, None)
+    crashed.__cause__ = ProcessError(
+        "the pool's launcher process died unexpectedly (exit status -9); create a new ProcessPool"
+    )
+    reason = failure_reason(crashed)
+    assert "exited with code None" not in reason and "\n" not in reason
+    assert reason == (
+        "the child process was lost before reporting (its exit status is unknown): the pool's "
+        "launcher process died unexpectedly (exit status -9); create a new ProcessPool"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (WorkerCrashed(7, None), "the child process exited with code 7 before reporting"),
+        (WorkerCrashed(None, "SIGSEGV"), "the child process was killed by SIGSEGV"),
+        (JobFailed("ValueError", "bad\nthing"), "the child agent raised ValueError: bad thing"),
+        (JobTimeout(2.5), "the child ran out of time (timeout=2.5s)"),
+        (
+            LimitExceeded("memory_bytes", 512 * 2**20, 18_180_000),
+            "the child hit its memory_bytes limit of 512 MiB (address space, which counts more "
+            "than resident memory; peak resident memory 17.3 MiB)",
+        ),
+        (
+            LimitExceeded("cpu_seconds", 1, 1.02),
+            "the child hit its cpu_seconds limit of 1 s of CPU time, used 1.02 s",
+        ),
+    ],
+)
+def test_failure_reasons_are_one_actionable_line(error: BaseException, reason: str) -> None:
+    assert failure_reason(error) == reason
+
+
+async def test_a_child_lost_with_its_launcher_says_so(tmp_path: Path) -> None:
+    """A real crash: the pool's launcher is SIGKILLed while a child runs. The task fails naming
+    that cause in one line; the next task still gets a process."""
+    path = str(tmp_path / "beacons")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as beacons:
+        beacons.bind(path)
+        beacons.setblocking(False)
+        extension = AsyncSubAgentExtension([definition(AnnounceAndBlock(path, "up"))])
+        async with extension:
+            client = await create_agent(
+                StepModel(
+                    [
+                        call("task_start", subagent_type="w", description="d", prompt="p"),
+                        AssistantMessage("started"),
+                        call("task_start", subagent_type="w", description="d", prompt="p"),
+                        AssistantMessage("started again"),
+                    ]
+                ),
+                config=AgentRunConfig(session_id="s"),
+                extensions=[extension],
+            )
+            async with client, asyncio.timeout(HANG_GUARD):
+                await client.run("go")
+                await asyncio.get_running_loop().sock_recv(beacons, 64)  # the child runs
+                pool = extension.runner.pool  # type: ignore[attr-defined]
+                os.kill(pool._launcher.pid, signal.SIGKILL)
+                [task] = extension.tasks("s")
+                await extension.wait(task)
+                # the extension goes on: the next task gets a process (a new pool, or a new
+                # launcher of the same pool, whichever the engine does)
+                await client.run("again")
+                await asyncio.get_running_loop().sock_recv(beacons, 64)
+                second = extension.tasks("s")[-1]
+                assert second is not task and not second.done()
+    assert second.status is SubAgentTaskStatus.CANCELLED  # by close()
+    reap_adopted()  # the killed launcher's worker, killed in turn, was reparented here
+    assert task.status is SubAgentTaskStatus.FAILED
+    assert task.error is not None and "\n" not in task.error
+    assert task.error.startswith("the child process was lost before reporting")
+    assert "launcher process" in task.error and "code None" not in task.error
+
+
+# -- the runner interface ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "runner", [ProcessRunner(), InProcessRunner()], ids=["process", "in-process"]
+)
+def test_both_runners_implement_the_interface(runner: Any) -> None:
+    assert isinstance(runner, ChildRunner)
+
+
+async def test_jobs_of_both_runners_implement_the_interface() -> None:
+    from zett_agent.runners import ChildSpec
+
+    spec = ChildSpec(definition(ChildModel("hi")), ChildModel("hi"), "s/t", "p")
+    for runner in (ProcessRunner(), InProcessRunner()):
+        async with runner:
+            job = await runner.submit(spec)
+            assert isinstance(job, ChildJob)
+            events = [event async for event in job.events()]
+            await job.wait()
+            assert job.done() and job.exception() is None
+            assert job.result()["content"] == "hi"
+            assert events[0] == {"kind": "started"} and job.info() == {}
+            assert job.usage().elapsed >= 0
+
+
+async def test_the_foreground_extension_takes_a_runner_too() -> None:
+    from zett_agent.extensions.subagent import SubAgentExtension
+
+    model = StepModel(
+        [call("subagent", subagent_type="w", description="d", prompt="p"), AssistantMessage("ok")]
+    )
+    async with SubAgentExtension(
+        [definition(ChildModel("in pid {pid}"))], runner=InProcessRunner()
+    ) as extension:
+        client = await create_agent(
+            model, config=AgentRunConfig(session_id="s"), extensions=[extension]
+        )
+        async with client, asyncio.timeout(HANG_GUARD):
+            await client.run("go")
+    [result] = [m for m in model.requests[-1].messages if getattr(m, "call_id", None)]
+    assert result.text == f"in pid {os.getpid()}"  # ran as a task of this very process
