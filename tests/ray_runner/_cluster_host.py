@@ -130,7 +130,7 @@ class Host:
             if escaped or below_worker:
                 with contextlib.suppress(psutil.Error):
                     found.append(f"{pid} (parent {parents[pid]}) {' '.join(proc.cmdline())[:100]}")
-        return {"leftovers": found}
+        return {"leftovers": found, "cgroups": _task_cgroups()}
 
     def kill_cluster(self) -> dict[str, Any]:
         for proc in psutil.Process().children(recursive=True):
@@ -161,6 +161,20 @@ class Host:
                 return
             if pid == 0:
                 return
+
+
+def _task_cgroups() -> list[str]:
+    """The Ray children's cgroups that still exist (the workers share this host's cgroup)."""
+    from zett_agent.runners import _ray_contain
+
+    own = _ray_contain._own_cgroup()
+    if own is None:
+        return []
+    try:
+        names = os.listdir(f"{own}/{_ray_contain.DIR_NAME}")
+    except OSError:
+        return []
+    return sorted(name for name in names if name.startswith("task-"))
 
 
 def _is_raylet(proc: psutil.Process) -> bool:

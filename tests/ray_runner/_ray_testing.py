@@ -1,12 +1,17 @@
-"""Helpers of the Ray tests: whether processes are dead, waiting on pidfds."""
+"""Helpers of the Ray tests: whether processes are dead, waiting on pidfds, settling jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import time
+from typing import Any
 
 import psutil
+
+#: hang guard for one child's whole life (a fresh Ray worker starts in a second or two here)
+BOUND = 60.0
 
 
 def gone(pid: int) -> bool:
@@ -27,9 +32,16 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
         except ProcessLookupError:
             continue
         try:
-            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(max(0, int((deadline - time.monotonic()) * 1000)))
         finally:
             os.close(fd)
         if not gone(pid):
             alive.append(pid)
     return alive
+
+
+async def settle(job: Any) -> Any:
+    await asyncio.wait_for(job.wait(), BOUND)
+    return job

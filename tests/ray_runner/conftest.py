@@ -47,7 +47,10 @@ class ClusterHost:
     def __init__(self) -> None:
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            # the children's modules: this folder's and tests/ (the scripted models)
+            "PYTHONPATH": os.pathsep.join(
+                [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+            ),
             "ZETT_RAY_HOST_LOG": os.environ.get("ZETT_RAY_HOST_LOG", os.devnull),
         }
         launcher = subprocess.Popen(
@@ -146,5 +149,6 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not leaked, f"test left file descriptors open: {leaked}"
     if "ray_cluster" in request.fixturenames:
         host: ClusterHost = request.getfixturevalue("ray_cluster")["host"]
-        left = host.call("leftovers")["leftovers"]
-        assert not left, f"a child left processes on the cluster: {left}"
+        answer = host.call("leftovers")
+        assert not answer["leftovers"], f"a child left processes on the cluster: {answer}"
+        assert not answer["cgroups"], f"a child's cgroup was left on the cluster: {answer}"

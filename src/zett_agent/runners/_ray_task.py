@@ -1,50 +1,51 @@
 """The worker side of ``RayRunner``: what runs inside a Ray worker process for one child.
 
-Never imported by the host's ``zett_agent`` import (only by ``zett_agent.runners.ray`` and by
-Ray workers). Stdlib only at import time; Ray itself is already loaded in a worker.
+Never imported by ``import zett_agent`` (only by ``zett_agent.runners.ray`` and by Ray
+workers). Stdlib only at import time; Ray itself is already loaded in a worker.
 
 One child is one Ray generator task, ``run_task``. Everything it yields is JSON text:
 
-- ``{"k": "start", "pid": ..., "start": ..., "node": ..., "crash_file": ...}`` first;
+- ``{"k": "start", "tree": ..., "node": ..., "crash": ..., "crash_ident": ...}`` first: where
+  the child runs and how its process tree is contained (``_ray_contain.enter``);
 - ``{"k": "e", "v": event}`` for each ``emit(event)``;
+- ``{"k": "u", "cpu": seconds, "rss": bytes}`` about once a second (usage while it runs);
 - then exactly one of ``{"k": "r", "v": result}``, ``{"k": "x", "t": type, "m": message,
-  "tb": traceback}`` (the function raised) or ``{"k": "lim", "limit": name, "value": limit}``.
+  "tb": traceback}`` (the function raised) or ``{"k": "lim", "limit": name, "value": limit}``,
+  with the final ``cpu`` and ``peak`` numbers.
 
-While the task runs its worker is a child subreaper, so every process the child starts stays in
-the worker's tree (a ``setsid`` double fork included); when the function returns or raises, the
-task freezes and kills that tree before it reports. Each process it starts carries the variable
-``ZETT_RAY_TASK`` in its environment, so a node's reaper can also find what a crashed worker left.
+The child's processes are contained from before it runs (a cgroup of the task's own, or a
+subreaper and a marker: see ``_ray_contain``); when the function returns or raises, whatever it
+left is killed before the outcome is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import faulthandler
 import inspect
 import json
 import os
 import queue
 import resource
-import select
 import signal
 import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
-__all__ = ["emit", "kill_tree", "run_task", "run_task_fresh", "run_task_reused"]
+from zett_agent.runners import _ray_contain
 
-PR_SET_CHILD_SUBREAPER = 36
-#: names the processes of one task, inherited through ``fork``/``exec`` unless a child drops it
-MARKER = "ZETT_RAY_TASK"
+__all__ = ["emit", "run_task", "run_task_fresh", "run_task_reused"]
+
 #: where a task notes its start in the cluster's key-value store
 KV_NAMESPACE = "zett_agent"
 #: events buffered in the worker before ``emit`` blocks (backpressure)
 MAX_BUFFERED_EVENTS = 1000
+#: seconds between two usage reports of a running child
+USAGE_PERIOD = 1.0
 
 _local = threading.local()
 _DONE = object()
@@ -62,107 +63,32 @@ def emit(event: Any) -> None:
     sink(event)
 
 
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
+class _ProcessEmitBridge:
+    """Stands in for the process engine's worker channel while a Ray task runs, so a child's
+    tool that calls ``zett_agent.process.emit`` (as the process runner documents) reaches the
+    parent on Ray too. Only ``message("event", ...)`` is ever called by ``emit``."""
+
+    def __init__(self, sink: Callable[[Any], None]) -> None:
+        self._sink = sink
+
+    def message(self, kind: str, value: Any, usage: Any = None) -> None:
+        self._sink(value)
 
 
-def _start_time(pid: int) -> int:
-    """The process's start time in clock ticks since boot (pid plus this names one process)."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        data = handle.read()
-    return int(data[data.rindex(b")") + 2 :].split()[19])
+@contextlib.contextmanager
+def _process_emit(sink: Callable[[Any], None]) -> Iterator[None]:
+    from zett_agent.process import _worker
 
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
+    previous = _worker._channel
+    _worker._channel = cast(Any, _ProcessEmitBridge(sink))
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids.extend(int(k) for k in f.read().split())
-    except OSError:
-        pass
-    return kids
+        yield
+    finally:
+        _worker._channel = previous
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        for kid in _children(todo.pop()):
-            out.append(kid)
-            todo.append(kid)
-    return out
-
-
-def _marked(token: str) -> list[int]:
-    """Every live process of this machine whose environment carries ``MARKER=token``."""
-    needle = f"{MARKER}={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        with contextlib.suppress(OSError), open(f"/proc/{name}/environ", "rb") as handle:
-            if needle in handle.read().split(b"\0"):
-                found.append(int(name))
-    return found
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except OSError:
-        return None
-
-
-def kill_tree(
-    root: int | None, *, include_root: bool, token: str | None = None, timeout: float = 5.0
-) -> list[int]:
-    """Freeze and SIGKILL ``root``'s descendants (and ``root`` if asked); wait until all died.
-
-    Every process found is stopped (SIGSTOP) first, and the tree scanned again, until a scan
-    finds nothing new: a stopped process cannot fork, and the children of a killed one are
-    re-parented to ``root`` when it is a subreaper, so nothing escapes between scans. With
-    ``token``, processes carrying ``MARKER=token`` in their environment are killed too (what
-    a crashed worker left behind). Returns the pids killed; waits at most ``timeout`` seconds
-    for them to die (a dead process awaiting its parent's ``wait`` counts as dead).
-    """
-    me = os.getpid()
-    seen: dict[int, int | None] = {}
-
-    def take(pids: list[int]) -> bool:
-        new = False
-        for pid in pids:
-            if pid == me or pid in seen:
-                continue
-            seen[pid] = _pidfd(pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-            new = True
-        return new
-
-    def below() -> list[int]:
-        return [] if root is None else _descendants(root)
-
-    if include_root and root is not None:
-        take([root])
-    while take(below() + (_marked(token) if token else [])):
-        pass
-    for pid in seen:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    while take(below()):  # orphans of the killed re-parented to the subreaper root
-        for pid in seen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    for fd in seen.values():
-        if fd is None:
-            continue
-        try:
-            left = max(0.0, deadline - time.monotonic())
-            select.select([fd], [], [], left)  # readable once the process has exited
-        finally:
-            os.close(fd)
-    return sorted(seen)
+def kv_key(token: str) -> str:
+    return f"zett-ray/{token}"
 
 
 def _apply_limits(limits: dict[str, Any]) -> None:
@@ -195,6 +121,37 @@ def _dumps(kind: str, **fields: Any) -> str:
     return json.dumps({"k": kind, **fields}, ensure_ascii=False, allow_nan=False)
 
 
+class _Usage:
+    """CPU of the child (its cgroup's, or the worker's and its reaped children's) and RSS."""
+
+    def __init__(self, cgroup: str | None) -> None:
+        self._cgroup = cgroup
+        self._before = self._cpu_self()
+        self.peak = 0
+
+    def _cpu_self(self) -> float:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def cpu(self) -> float:
+        if self._cgroup is not None:
+            with contextlib.suppress(OSError, ValueError), open(f"{self._cgroup}/cpu.stat") as f:
+                for line in f:
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+        return self._cpu_self() - self._before
+
+    def rss(self) -> int:
+        try:
+            with open("/proc/self/statm") as handle:
+                rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return 0
+        self.peak = max(self.peak, rss)
+        return rss
+
+
 def run_task(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -202,6 +159,7 @@ def run_task(
     limits: dict[str, Any],
     token: str,
     pass_emit: bool,
+    containment: str = "auto",
 ) -> Iterator[str]:
     """The body of one Ray generator task: run ``fn`` and stream JSON text to the parent.
 
@@ -210,27 +168,65 @@ def run_task(
     subagent child's ``run_child(spec, emit)``); otherwise it may call ``emit()`` itself.
     """
     import ray
+    from ray.experimental import internal_kv
 
-    me = os.getpid()
     node = ray.get_runtime_context().get_node_id()
     crash_file = os.path.join(tempfile.gettempdir(), f"zett-ray-{token}.crash")
     crash = open(crash_file, "w")  # noqa: SIM115 (closed in finally)
-    start = _dumps("start", pid=me, start=_start_time(me), node=node, crash_file=crash_file)
-    # Also in the cluster's key-value store: a worker that dies at once may never deliver the
-    # first message, and the parent still needs to know where to look for the crash note.
-    from ray.experimental import internal_kv
+    xcpu = open(crash_file + ".xcpu", "w")  # noqa: SIM115 (closed in finally)
+    stat = os.fstat(crash.fileno())
+    tree: dict[str, Any] | None = None
+    try:
+        try:
+            _apply_limits(limits)  # first: the sentinel enter() starts needs little
+            tree = _ray_contain.enter(token, containment)
+        except Exception as error:
+            yield json.dumps(_failure(error))
+            return
+        start = _dumps(
+            "start", tree=tree, node=node, crash=crash_file, crash_ident=[stat.st_dev, stat.st_ino]
+        )
+        # Also in the cluster's key-value store: a worker that dies at once may never deliver
+        # this message, and the parent still needs to know where the child ran.
+        internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
+        yield start
+        faulthandler.enable(file=crash, all_threads=True)
+        # SIGXCPU (the CPU rlimit) kills the worker; faulthandler notes it in a file of its own
+        faulthandler.register(signal.SIGXCPU, file=xcpu, chain=True)
+        yield from _supervise(fn, args, kwargs, limits, pass_emit, tree)
+    finally:
+        if tree is not None:
+            faulthandler.unregister(signal.SIGXCPU)
+            faulthandler.enable()  # back to stderr
+            with contextlib.suppress(Exception):
+                internal_kv._internal_kv_del(kv_key(token), namespace=KV_NAMESPACE)
+        for handle in (crash, xcpu):
+            handle.close()
+            with contextlib.suppress(OSError):
+                os.unlink(handle.name)
 
-    internal_kv._internal_kv_put(f"zett-ray/{token}", start, namespace=KV_NAMESPACE)
-    yield start
-    faulthandler.enable(file=crash, all_threads=True)
-    _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    os.environ[MARKER] = token
+
+def _supervise(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    limits: dict[str, Any],
+    pass_emit: bool,
+    tree: dict[str, Any],
+) -> Iterator[str]:
     outbox: queue.Queue[Any] = queue.Queue(MAX_BUFFERED_EVENTS)
     outcome: list[dict[str, Any]] = []
     memory_limited = limits.get("memory_bytes") is not None
+    usage = _Usage(tree["cgroup"])
 
     def sink(event: Any) -> None:
-        outbox.put(_dumps("e", v=event))
+        try:
+            line = _dumps("e", v=event)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"emit() takes JSON data (dicts with str keys, lists, str, ...): {error}"
+            ) from None
+        outbox.put(line)
 
     def body() -> None:
         _local.sink = sink
@@ -259,34 +255,26 @@ def run_task(
             _local.sink = None
             outbox.put(_DONE)
 
-    # SIGXCPU (the CPU rlimit) kills the worker; faulthandler notes it in a file of its own
-    xcpu = open(crash_file + ".xcpu", "w")  # noqa: SIM115 (closed in finally)
-    faulthandler.register(signal.SIGXCPU, file=xcpu, chain=True)
-    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-    try:
-        _apply_limits(limits)
-        worker = threading.Thread(target=body, name="zett-ray-child", daemon=True)
+    worker = threading.Thread(target=body, name="zett-ray-child", daemon=True)
+    with _process_emit(sink):
         worker.start()
-        while (item := outbox.get()) is not _DONE:
+        next_usage = time.monotonic() + USAGE_PERIOD
+        while True:
+            try:
+                item = outbox.get(timeout=max(0.0, next_usage - time.monotonic()))
+            except queue.Empty:
+                next_usage = time.monotonic() + USAGE_PERIOD
+                yield json.dumps({"k": "u", "cpu": round(usage.cpu(), 6), "rss": usage.rss()})
+                continue
+            if item is _DONE:
+                break
             yield item
-        kill_tree(me, include_root=False, token=token)
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = used.ru_utime + used.ru_stime - (cpu_before.ru_utime + cpu_before.ru_stime)
-        yield json.dumps(
-            {**outcome[0], "cpu": round(cpu, 6), "peak": used.ru_maxrss * 1024},
-            ensure_ascii=False,
-        )
-    finally:
-        faulthandler.unregister(signal.SIGXCPU)
-        _libc().prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-        os.environ.pop(MARKER, None)
-        faulthandler.enable()  # back to stderr
-        with contextlib.suppress(Exception):
-            internal_kv._internal_kv_del(f"zett-ray/{token}", namespace=KV_NAMESPACE)
-        for handle in (crash, xcpu):
-            handle.close()
-            with contextlib.suppress(OSError):
-                os.unlink(handle.name)
+    cpu, rss = usage.cpu(), usage.rss()
+    _ray_contain.leave(tree)
+    yield json.dumps(
+        {**outcome[0], "cpu": round(cpu, 6), "rss": rss, "peak": usage.peak},
+        ensure_ascii=False,
+    )
 
 
 def run_task_fresh(*args: Any) -> Iterator[str]:
@@ -306,39 +294,3 @@ def _failure(error: BaseException) -> dict[str, Any]:
         name = f"{kind.__module__}.{name}"
     text = "".join(traceback.format_exception(error))
     return {"k": "x", "t": name, "m": str(error), "tb": text[-20000:]}
-
-
-#: signal names by the line Python's faulthandler writes for them
-FATAL_LINES = {
-    "Segmentation fault": "SIGSEGV",
-    "Aborted": "SIGABRT",
-    "Bus error": "SIGBUS",
-    "Floating-point exception": "SIGFPE",
-    "Illegal instruction": "SIGILL",
-}
-
-
-def crash_signal(crash_file: str) -> str | None:
-    """The fatal signal a crashed worker's faulthandler recorded for ``crash_file``.
-
-    Removes the files. ``None`` when nothing was recorded (SIGKILL, ``os._exit``).
-    """
-    found = None
-    for path in (crash_file + ".xcpu", crash_file):
-        try:
-            with open(path, errors="replace") as handle:
-                text = handle.read(4096)
-        except OSError:
-            continue
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        if found is not None:
-            continue
-        if path.endswith(".xcpu"):
-            found = "SIGXCPU" if text else None
-            continue
-        for line, name in FATAL_LINES.items():
-            if f"Fatal Python error: {line}" in text:
-                found = name
-    return found

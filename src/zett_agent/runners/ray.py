@@ -1,31 +1,26 @@
-"""``RayRunner``: children as Ray tasks, on one machine or a cluster (the ``ray`` extra).
+"""``RayRunner``: child agents as Ray tasks, on one machine or a cluster (the ``ray`` extra).
 
 ::
 
-    runner = RayRunner(address=None)          # None: start or join a local Ray
-    job = await runner.submit_function(crunch, 10**8, limits=ProcessLimits(timeout=30))
-    async for event in job.events():          # what crunch passed to emit()
-        ...
-    await job.wait()
-    print(job.result())                       # or: await job.cancel()
-    await runner.close()
+    from zett_agent.runners.ray import RayRunner
+
+    runner = RayRunner(address=None)     # None: start a local Ray; "auto", "ray://host:port"
+    runner.connect()                     # optional: connect now rather than at the first child
+    extension = AsyncSubAgentExtension(definitions, runner=runner)
 
 Each child is one Ray generator task (``max_retries=0``: a child with side effects never runs
-twice unless asked), by default on a fresh worker process (``max_calls=1``). The task streams
-JSON text: progress events, then the result, which the parent parses with ``json.loads``
-(the report's shape is checked as with processes). The job object offers what a
-``zett_agent.process.ProcessJob`` offers the subagent extensions: ``events()``, ``done()``,
-``wait()``, ``result()``, ``exception()``, ``cancel(grace=None)``, ``usage()``, ``pid`` (the Ray
-worker's, while it runs), plus ``node_id``.
+twice unless asked). The task streams JSON text (where it runs, progress events, usage, then
+the outcome), which the parent parses with ``json.loads``, so the report's shape is checked as
+with processes. Jobs offer the runner interface (``events()``, ``done()``, ``wait()``,
+``result()``, ``exception()``, ``cancel()``, ``usage()``, ``pid``, ``info()``) plus
+``node_id``. ``submit_function`` runs any function the same way (``emit`` streams its events).
 
-Kill and cleanup: while a task runs its worker is a child subreaper, so everything the child
-starts stays in the worker's process tree, ``setsid`` double forks included. Cancel, timeout and
-``close()`` have a per-node reaper (a small Ray actor, ``num_cpus=0``, created on the node the
-first time a child runs there) freeze and SIGKILL the worker's whole tree and wait until it is
-dead; then ``ray.cancel(ref, force=True)`` and the task's end as Ray reports it. ``cancel()``
-returns once both happened. A child that ends normally or raises kills its own leftovers before
-it reports. Ray alone kills only a worker's direct children, and only when the worker exits on
-its own terms (measured on Ray 2.60: a force-cancelled worker's ``setsid`` grandchild lived on).
+Kill: the child's processes are contained on their node from before it runs (a cgroup v2 of
+the task's own, else a subreaper and an environment marker: see ``_ray_contain``), and a job
+reaches its outcome only once that tree is gone. Cancel, timeout and ``close()`` kill the tree
+(from the host when the child runs on this machine, else through the node's reaper actor,
+recreated if it died), then ``ray.cancel(ref, force=True)``; a sentinel process on the node
+kills the tree whenever the worker dies, whoever killed it.
 
 Typed outcomes, as with processes: ``JobFailed`` (the function raised), ``WorkerCrashed`` (the
 worker died; the signal name when faulthandler saw it: SIGSEGV, SIGABRT, SIGBUS, SIGFPE,
@@ -33,15 +28,9 @@ SIGILL), ``JobTimeout`` (enforced from the host), ``LimitExceeded`` (``cpu_secon
 ``memory_bytes``), ``JobCancelled``, ``PoolClosed`` (the runner was closed), and ``NodeLost``
 (the node running the child died or left the cluster, or the cluster went away).
 
-Limits: ``memory_bytes`` becomes Ray's ``memory=`` request (scheduling) and an ``RLIMIT_AS`` of
-that many bytes *beyond what the worker already maps* (a Ray worker maps hundreds of MiB before
-the child runs); ``cpu_seconds`` an ``RLIMIT_CPU`` beyond the CPU time the worker already used;
-``max_open_files``, ``env`` and ``cwd`` as in the process engine. Any child-side limit forces a
-fresh worker. CPUs are Ray's ``num_cpus`` (the runner's, or per submit).
-
 Trust: Ray moves every value through its object store with pickle, so the guarantee that the
 parent never unpickles bytes a child wrote does not hold on Ray: a Ray cluster is one trust
-domain (no authentication by default; keep it on a private network).
+domain (keep it on a private network).
 """
 
 from __future__ import annotations
@@ -50,17 +39,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import ray
 import ray.exceptions as rex
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from zett_agent.extensions._child import ChildSpec, run_child
 from zett_agent.process import (
     JobCancelled,
     JobFailed,
@@ -72,18 +62,23 @@ from zett_agent.process import (
     ProcessLimits,
     WorkerCrashed,
 )
-from zett_agent.runners import _ray_task
+from zett_agent.process._limits import check_limits
+from zett_agent.runners import _ray_contain, _ray_task
+from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
 from zett_agent.runners._ray_task import emit
 
 __all__ = ["NodeLost", "RayJob", "RayRunner", "emit"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: objects a running task may have in flight before its generator pauses (backpressure)
 STREAM_BACKPRESSURE = 256
-
-#: one reaper actor per node, shared by the runners of this process while Ray stays connected
-_REAPERS: dict[str, Any] = {}
+#: seconds a job may wait for Ray before ``info()`` says it is waiting
+WAITING_AFTER = 2.0
+_CONTAINMENTS = ("auto", "cgroup", "scan")
+_PLACEMENT_KEYS = frozenset({"num_cpus", "resources"})
 
 
 class NodeLost(ProcessError):
@@ -111,22 +106,17 @@ class NodeLost(ProcessError):
 
 
 class _Reaper:
-    """One per node (a Ray actor): kills task trees there and reads crash notes."""
+    """One per node and runner (a Ray actor, ``num_cpus=0``): kills task trees there, reads
+    crash notes. Removes what dead workers left when it starts."""
 
-    def kill(self, pid: int, start: int, token: str, timeout: float) -> list[int]:
-        try:
-            same = _ray_task._start_time(pid) == start
-        except OSError:
-            same = False
-        # a worker already gone left nothing but what carries the task's marker
-        return _ray_task.kill_tree(
-            pid if same else None, include_root=same, token=token, timeout=timeout
-        )
+    def __init__(self) -> None:
+        _ray_contain.sweep()
 
-    def crash(self, crash_file: str, token: str) -> str | None:
-        """The fatal signal of a crashed worker (or ``None``); kills what its child left."""
-        _ray_task.kill_tree(None, include_root=False, token=token)
-        return _ray_task.crash_signal(crash_file)
+    def kill(self, tree: dict[str, Any], timeout: float) -> bool:
+        return _ray_contain.kill(tree, timeout)
+
+    def crash(self, crash_file: str) -> str | None:
+        return _ray_contain.crash_signal(crash_file)
 
     def ping(self) -> bool:
         return True
@@ -137,13 +127,48 @@ def _first_line(error: BaseException) -> str:
     return text[0][:300] if text else type(error).__name__
 
 
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking call in a thread of its own (ended when the call returns)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    thread = threading.Thread(target=run, name="zett-ray-call", daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(future)
+    finally:
+        if future.done():
+            thread.join(1.0)  # it has nothing left to do
+
+
+async def _get(ref: Any) -> Any:
+    return await ref
+
+
 class RayJob:
-    """One child running as a Ray generator task. Create it with ``RayRunner.submit...``.
+    """One child running as a Ray generator task. Created by ``RayRunner.submit...``.
 
     ``wait()`` waits without raising; ``result()``/``exception()`` read the outcome once
-    ``done()``. ``cancel()`` kills the worker's process tree on its node and returns once it
-    is dead and Ray reported the task ended. Every outcome is reached within a bound: a task
-    whose node or cluster went away ends as ``NodeLost``.
+    ``done()``. The outcome is reached only once the child's process tree is gone (or its node
+    is). ``cancel()`` kills that tree and returns once it is dead and Ray reported the task's
+    end. Every outcome is reached within a bound: a task whose node or cluster went away ends as
+    ``NodeLost``.
     """
 
     def __init__(
@@ -159,15 +184,13 @@ class RayJob:
         self.limits = limits
         self.name = name
         self._token = token
-        #: the Ray worker's pid while the child runs, else None
-        self.pid: int | None = None
         #: hex id of the Ray node the child runs (or ran) on, once it started
         self.node_id: str | None = None
-        self._start: int | None = None
-        self._crash_file: str | None = None
+        self._tree: dict[str, Any] | None = None
+        self._crash: tuple[str, list[int]] | None = None
+        self._running = False
         self._loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = self._loop.create_future()
-        self._started = asyncio.Event()
         self._events: deque[Any] = deque()
         self._event_waiter: asyncio.Future[None] | None = None
         self._consumer = False
@@ -175,17 +198,27 @@ class RayJob:
         self._exception: BaseException | None = None
         self._kill_reason: BaseException | None = None
         self._killing: asyncio.Task[None] | None = None
+        #: whether the child's tree was confirmed gone (``None`` while it runs)
+        self.tree_gone: bool | None = None
         self._submitted = time.monotonic()
         self._ended: float | None = None
         self._cpu = 0.0
+        self._rss = 0
         self._peak = 0
         #: armed when the child starts running (time queued in Ray does not count)
         self._timer: asyncio.TimerHandle | None = None
         self._pump = self._loop.create_task(self._run(), name=f"zett-ray-{name}")
 
     def __repr__(self) -> str:
-        state = "done" if self.done() else "running" if self.pid else "pending"
+        state = "done" if self.done() else "running" if self._running else "pending"
         return f"<RayJob {self.name} {state} pid={self.pid} node={(self.node_id or '')[:12]}>"
+
+    @property
+    def pid(self) -> int | None:
+        """The Ray worker's pid on its node while the child runs, else ``None``."""
+        if self._running and self._tree is not None:
+            return int(self._tree["pid"])
+        return None
 
     # -- outcome ----------------------------------------------------------------------------
 
@@ -215,21 +248,29 @@ class RayJob:
         await asyncio.shield(self._done)
 
     async def cancel(self, grace: float | None = None) -> None:
-        """Kill the child and return once its worker's tree is dead and Ray reported the end.
+        """Kill the child's whole tree; return once it is dead and Ray reported the task's end.
 
-        ``grace`` is accepted for the runner interface; Ray children are killed at once. The
-        job ends with ``JobCancelled`` unless another outcome (a timeout) was already being
-        enforced. No-op for a finished job. If the caller is cancelled, the kill goes on.
+        ``grace`` is accepted for symmetry with processes; Ray children are killed at once. The
+        job ends with ``JobCancelled`` unless another outcome (a timeout) was being enforced.
+        No-op for a finished job. If the caller is cancelled, the kill goes on. Bounded by the
+        runner's ``kill_timeout`` plus ``end_timeout`` even when the node or cluster is gone.
         """
         await asyncio.shield(self._kill(JobCancelled()))
 
     def usage(self) -> JobUsage:
-        """CPU seconds and peak RSS of the worker while it ran the child (known at the end).
-
-        Live numbers are not read from remote nodes: while running, only ``elapsed`` moves.
-        """
+        """CPU seconds (the child's cgroup's, or its worker's), the worker's resident memory
+        and its peak, and elapsed time. Updated about once a second while the child runs."""
         end = self._ended if self._ended is not None else time.monotonic()
-        return JobUsage(self._cpu, 0, self._peak, end - self._submitted)
+        return JobUsage(self._cpu, self._rss, self._peak, end - self._submitted)
+
+    def info(self) -> Mapping[str, Any]:
+        """``{"node_id": ...}`` once the child runs; while Ray has not started it for more
+        than ``WAITING_AFTER`` seconds, ``{"waiting": ...}`` says so."""
+        if self.node_id is not None:
+            return {"node_id": self.node_id}
+        if not self.done() and time.monotonic() - self._submitted > WAITING_AFTER:
+            return {"waiting": "waiting for Ray to schedule it (a worker and its resources)"}
+        return {}
 
     # -- events -----------------------------------------------------------------------------
 
@@ -264,66 +305,103 @@ class RayJob:
     # -- supervision ------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        error: BaseException | None = None
         final: dict[str, Any] | None = None
+        error: BaseException | None = None
         try:
             async for ref in self._gen:
                 message = json.loads(await ref)
                 kind = message.get("k")
-                if kind == "start":
-                    self.pid = int(message["pid"])
-                    self._start = int(message["start"])
-                    self.node_id = str(message["node"])
-                    self._crash_file = str(message["crash_file"])
-                    self._started.set()
-                    if self.limits.timeout is not None:
-                        self._timer = self._loop.call_later(self.limits.timeout, self._on_timeout)
-                    self._runner._reaper(self.node_id)  # ready before a cancel needs it
-                elif kind == "e":
+                if kind == "e":
                     self._events.append(message["v"])
                     self._wake()
+                elif kind == "u":
+                    self._usage(message)
+                elif kind == "start":
+                    self._on_start(message)
                 else:
                     final = message
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # Ray's own errors: the worker, the node, the cluster
             if final is None:
-                error = await self._ray_error(exc)
+                error = exc
             else:
-                # the child's outcome arrived; a fresh worker (max_calls=1) that exits right
-                # after can make Ray report its lease failed (seen on Ray 2.60): not the child's
+                # the outcome arrived; a worker that exits right after (max_calls=1) can make
+                # Ray report its lease failed (seen on Ray 2.60): that is not the child's
                 log.debug("Ray error after the outcome of %s: %s", self.name, _first_line(exc))
-        self._finish(final, error)
+        self._running = False
+        if final is not None and final.get("k") in ("r", "x", "lim"):
+            # the task killed what the child left before it reported (``_ray_contain.leave``)
+            self.tree_gone = True
+            self._finish(self._outcome(final))
+            return
+        if final is not None:  # the task failed before the child ran (containment, limits)
+            self._finish(self._outcome(final))
+            return
+        self._finish(await self._failed(error))
 
-    async def _ray_error(self, error: BaseException) -> BaseException:
+    def _on_start(self, message: dict[str, Any]) -> None:
+        self._tree = message["tree"]
+        self.node_id = str(message["node"])
+        self._crash = (str(message["crash"]), list(message["crash_ident"]))
+        self._running = True
+        if self.limits.timeout is not None and self._timer is None:
+            self._timer = self._loop.call_later(self.limits.timeout, self._on_timeout)
+        if not self._runner._is_local(self._tree):
+            self._runner._reaper(self.node_id)  # ready before a cancel needs it
+
+    def _usage(self, message: dict[str, Any]) -> None:
+        self._cpu = float(message.get("cpu", self._cpu))
+        self._rss = int(message.get("rss", self._rss))
+        self._peak = max(self._peak, self._rss, int(message.get("peak", 0)))
+
+    async def _failed(self, error: BaseException | None) -> BaseException:
+        """The outcome of a task Ray ended without the child's report; kills what is left."""
+        runner = self._runner
+        if self._tree is None:
+            self._start_from_kv()
+        node_lost = False
+        if self._kill_reason is None and not isinstance(error, rex.TaskCancelledError):
+            node_lost = isinstance(error, rex.NodeDiedError | rex.LocalRayletDiedError) or (
+                self.node_id is not None and await runner._node_lost(self.node_id)
+            )
+        if self._tree is not None:
+            # Whatever killed the worker, nothing of its tree may outlive the outcome.
+            deadline = time.monotonic() + runner.kill_timeout
+            self.tree_gone = await runner._kill_tree(
+                self._tree, self.node_id, deadline, node_dead=node_lost
+            )
         if self._kill_reason is not None:
             return self._kill_reason
         if isinstance(error, rex.TaskCancelledError):
-            return JobCancelled()
-        if isinstance(error, rex.NodeDiedError | rex.LocalRayletDiedError):
-            return NodeLost(self.node_id, _first_line(error))
+            return JobCancelled("the Ray task was cancelled outside zett_agent")
+        if node_lost:
+            return NodeLost(self.node_id, _first_line(error) if error is not None else "")
         if isinstance(error, rex.WorkerCrashedError | rex.OutOfMemoryError):
-            if self.node_id is None:
-                self._start_from_kv()
-            if self.node_id is not None and not await self._runner._node_alive(self.node_id):
-                return NodeLost(self.node_id, _first_line(error))
             signal_name = await self._crash_signal()
             if signal_name == "SIGXCPU" and self.limits.cpu_seconds is not None:
-                return LimitExceeded("cpu_seconds", self.limits.cpu_seconds, None)
+                return LimitExceeded("cpu_seconds", self.limits.cpu_seconds, self._cpu or None)
             if self.limits.memory_bytes is not None and (
                 signal_name is not None or isinstance(error, rex.OutOfMemoryError)
             ):
-                return LimitExceeded("memory_bytes", self.limits.memory_bytes, None)
+                return LimitExceeded("memory_bytes", self.limits.memory_bytes, self._peak or None)
+            if isinstance(error, rex.OutOfMemoryError):
+                return WorkerCrashed(None, None, f"Ray's memory monitor: {_first_line(error)}")
             return WorkerCrashed(None, signal_name)
-        if self._runner._closed:
+        if isinstance(error, rex.RayTaskError):
+            # the task itself failed in Ray, before the child ran: its function or arguments
+            # could not be loaded in the worker (a module missing there), or Ray's own error
+            cause = error.cause if isinstance(error.cause, BaseException) else error
+            return JobFailed(type(cause).__name__, _first_line(cause), str(error)[-20000:])
+        if runner._closed:
             return PoolClosed("the RayRunner was closed before the child finished")
-        return NodeLost(self.node_id, f"{type(error).__name__}: {_first_line(error)}")
+        detail = f"{type(error).__name__}: {_first_line(error)}" if error is not None else ""
+        return NodeLost(self.node_id, detail)
 
     def _start_from_kv(self) -> None:
-        """Learn where the child ran from the note its task left in the cluster's store."""
+        """Learn where the child ran from the note its task left in the cluster's store (for a
+        worker that died before its first message arrived)."""
         from ray.experimental import internal_kv
 
-        key = f"zett-ray/{self._token}"
+        key = _ray_task.kv_key(self._token)
         try:
             note = internal_kv._internal_kv_get(key, namespace=_ray_task.KV_NAMESPACE)
             internal_kv._internal_kv_del(key, namespace=_ray_task.KV_NAMESPACE)
@@ -331,52 +409,55 @@ class RayJob:
             return
         if note:
             start = json.loads(note)
+            self._tree = start["tree"]
             self.node_id = str(start["node"])
-            self._crash_file = str(start["crash_file"])
+            self._crash = (str(start["crash"]), list(start["crash_ident"]))
 
     async def _crash_signal(self) -> str | None:
-        if self.node_id is None:
-            self._start_from_kv()
-        if self.node_id is None or self._crash_file is None:
+        if self._crash is None or self._tree is None:
             return None
-        reaper = self._runner._reaper(self.node_id)
+        path, _ident = self._crash
+        runner = self._runner
+        if runner._is_local(self._tree):
+            return _ray_contain.crash_signal(path)
+        if self.node_id is None:
+            return None
         try:
-            ref = reaper.crash.remote(self._crash_file, self._token)
-            return await asyncio.wait_for(_awaitable(ref), self._runner.reaper_timeout)
+            result: str | None = await runner._call_reaper(
+                self.node_id, "crash", path, deadline=time.monotonic() + runner.kill_timeout
+            )
+            return result
         except Exception:
             log.debug("could not read the crash note of %s", self.name, exc_info=True)
             return None
 
-    def _finish(self, final: dict[str, Any] | None, error: BaseException | None) -> None:
+    def _finish(self, error: BaseException | None) -> None:
         if self.done():
             return
         if self._timer is not None:
             self._timer.cancel()
         if error is None and self._kill_reason is not None:
             error = self._kill_reason  # a result that raced the kill does not count
-        if error is None:
-            error = self._outcome(final)
         self._exception = error
-        self.pid = None
+        self._running = False
         self._ended = time.monotonic()
         self._done.set_result(None)
         self._wake()
         self._runner._jobs.discard(self)
 
-    def _outcome(self, final: dict[str, Any] | None) -> BaseException | None:
-        if final is None:
-            return WorkerCrashed(None, None)
-        self._cpu = float(final.get("cpu", 0.0))
-        self._peak = int(final.get("peak", 0))
+    def _outcome(self, final: dict[str, Any]) -> BaseException | None:
+        self._usage({"cpu": final.get("cpu", self._cpu), "rss": final.get("rss", self._rss)})
+        self._peak = max(self._peak, int(final.get("peak", 0)))
         kind = final.get("k")
         if kind == "r":
             self._result = final.get("v")
             return None
         if kind == "lim":
-            return LimitExceeded(str(final["limit"]), float(final["value"]), None)
+            value = float(final["value"])
+            return LimitExceeded(str(final["limit"]), value, self._peak or None)
         if kind == "x":
             return JobFailed(str(final.get("t")), str(final.get("m")), str(final.get("tb", "")))
-        return WorkerCrashed(None, None)
+        return WorkerCrashed(None, None, f"unexpected message from the Ray task: {kind!r:.40}")
 
     def _on_timeout(self) -> None:
         if not self.done() and self.limits.timeout is not None:
@@ -392,56 +473,72 @@ class RayJob:
 
     async def _do_kill(self) -> None:
         runner = self._runner
-        if self.pid is not None and self.node_id is not None and self._start is not None:
-            reaper = runner._reaper(self.node_id)
-            try:
-                ref = reaper.kill.remote(self.pid, self._start, self._token, runner.reaper_timeout)
-                await asyncio.wait_for(_awaitable(ref), runner.reaper_timeout + 5)
-            except Exception:
-                # the node (or the reaper) is gone; Ray's own cancel below is all there is
-                log.debug(
-                    "reaper on %s did not answer for %s", self.node_id, self.name, exc_info=True
-                )
+        deadline = time.monotonic() + runner.kill_timeout
+        if self._tree is not None:
+            # The tree first (the worker with it): a stopped tree cannot do anything more.
+            self.tree_gone = await runner._kill_tree(self._tree, self.node_id, deadline)
         with contextlib.suppress(Exception):
             ray.cancel(self._gen, force=True)
+        # The pump ends once Ray reports the task's end; it kills (or confirms dead) the tree
+        # the task had, whatever killed it, before the job settles.
+        bound = max(0.0, deadline - time.monotonic()) + runner.end_timeout
         try:
-            await asyncio.wait_for(asyncio.shield(self._done), runner.end_timeout)
+            await asyncio.wait_for(asyncio.shield(self._done), bound)
         except TimeoutError:
             # Ray never reported the end (its control plane is gone): settle here, bounded
             self._pump.cancel()
-            self._finish(None, self._kill_reason)
-
-
-def _awaitable(ref: Any) -> Any:
-    async def get() -> Any:
-        return await ref
-
-    return get()
+            self._finish(self._kill_reason)
+        if self._tree is not None and not self.tree_gone:
+            log.warning(
+                "%s: could not confirm that the child's processes on node %s are gone; its "
+                "sentinel kills them when the Ray worker dies",
+                self.name,
+                self.node_id,
+            )
 
 
 class RayRunner:
-    """Runs children as Ray tasks; the Ray counterpart of the process runner.
+    """Runs each child agent as a Ray task, on this machine or a Ray cluster.
+
+    Select it with ``AsyncSubAgentExtension(definitions, runner=RayRunner(...))`` (or
+    ``SubAgentExtension``): the tools, the registry, the notices, the limits and
+    ``_create_child`` behave as with processes. ``task_info`` adds ``node_id``.
 
     Args:
-        address: ``None`` starts or joins a local Ray (an already initialized Ray in this
-            process is used as is); ``"auto"`` or ``"ray://host:port"`` or ``"host:port"``
-            joins an existing cluster.
-        num_cpus: Ray CPUs each child requests (default 1).
-        resources: Ray custom resources each child requests (placement), e.g. ``{"gpu_box": 1}``.
-        limits: Default ``ProcessLimits`` for definitions and calls that set none.
+        address: ``None`` starts a local Ray (or uses the Ray this process already
+            initialized); ``"auto"`` joins the cluster this machine belongs to;
+            ``"ray://host:port"`` or ``"host:port"`` joins that cluster.
+        num_cpus: Ray CPUs each child requests (default 1: Ray runs as many children at once
+            on a node as it has CPUs; lower it for children that mostly wait on a model).
+        resources: Ray custom resources each child requests (placement), e.g. ``{"big": 1}``.
+        placement: Per-definition overrides of ``num_cpus`` and ``resources``, by definition
+            name: ``{"coder": {"num_cpus": 4, "resources": {"big": 1}}}``.
+        limits: Default ``ProcessLimits`` where neither the extension nor the definition sets
+            any. ``timeout`` is enforced from the host; ``memory_bytes`` becomes Ray's
+            ``memory=`` request and an ``RLIMIT_AS`` that many bytes beyond what the worker
+            already maps; ``cpu_seconds``, ``max_open_files``, ``env`` and ``cwd`` apply as in
+            the process engine. ``max_processes`` and ``tree_memory_bytes`` are refused.
         max_retries: Ray retries of a child whose worker died (default 0: never run twice).
-        fresh_workers: A new worker process per child (Ray's ``max_calls=1``; default). Off,
-            children without child-side limits reuse idle workers (faster start, but a child
-            can leave module state behind for the next).
+        fresh_workers: A new worker process per child (Ray's ``max_calls=1``). Default off:
+            like the process engine, a worker is reused unless the child set a limit other
+            than ``timeout`` (a reused worker keeps module state a child left behind).
+        containment: ``"auto"`` (a cgroup per child where the node has a writable cgroup v2
+            hierarchy, else a subreaper and marker scan), ``"cgroup"`` (a child fails on a node
+            without it) or ``"scan"``.
+        kill_from_host: Kill the trees of children that run on this machine directly (the
+            default) rather than through the node's reaper actor.
         init_kwargs: Extra ``ray.init`` arguments when this runner connects. By default the
-            workers' output is not forwarded to this process (``log_to_driver=False``) and a
-            local Ray started here listens on 127.0.0.1 only.
-        reaper_timeout: Seconds a node's reaper may take to kill a tree.
+            workers' output is not forwarded (``log_to_driver=False``), and a local Ray
+            started here listens on 127.0.0.1 only, without its dashboard.
+        kill_timeout: Seconds a kill may take to confirm a tree dead.
         end_timeout: Seconds to wait for Ray to report a killed task's end before the job
             settles anyway (its node or the cluster is gone).
+
+    Raises:
+        TypeError, ValueError: a bad option (the message names it).
     """
 
-    #: the interface the extension reads; Ray children are killed at once (no SIGTERM first)
+    #: Ray children are killed at once (no SIGTERM first)
     kill_grace = 0.0
 
     def __init__(
@@ -450,38 +547,85 @@ class RayRunner:
         *,
         num_cpus: float = 1.0,
         resources: Mapping[str, float] | None = None,
+        placement: Mapping[str, Mapping[str, Any]] | None = None,
         limits: ProcessLimits | None = None,
         max_retries: int = 0,
-        fresh_workers: bool = True,
+        fresh_workers: bool = False,
+        containment: str = "auto",
+        kill_from_host: bool = True,
         init_kwargs: Mapping[str, Any] | None = None,
-        reaper_timeout: float = 20.0,
+        kill_timeout: float = 20.0,
         end_timeout: float = 15.0,
     ) -> None:
-        if num_cpus < 0:
-            raise ValueError(f"num_cpus must be >= 0, got {num_cpus}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address must be None or a str such as 'auto', got {address!r}")
+        if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) or num_cpus < 0:
+            raise ValueError(f"num_cpus must be a number >= 0, got {num_cpus!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if containment not in _CONTAINMENTS:
+            raise ValueError(
+                f"containment must be one of {', '.join(_CONTAINMENTS)}, got {containment!r:.40}"
+            )
+        for name, value in (("kill_timeout", kill_timeout), ("end_timeout", end_timeout)):
+            if not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         self.address = address
-        self.num_cpus = num_cpus
-        self.resources = dict(resources or {})
-        self.limits = limits
+        self.num_cpus = float(num_cpus)
+        self.resources = _check_resources("resources", resources or {})
+        self.placement = {
+            str(name): _check_placement(name, options)
+            for name, options in (placement or {}).items()
+        }
+        self.limits = check_limits(limits, "RayRunner(limits=...)")
         self.max_retries = max_retries
-        self.fresh_workers = fresh_workers
+        self.fresh_workers = bool(fresh_workers)
+        self.containment = containment
+        self.kill_from_host = bool(kill_from_host)
         self.init_kwargs = dict(init_kwargs or {})
-        self.reaper_timeout = reaper_timeout
-        self.end_timeout = end_timeout
-        self._remote: Any = None
+        self.kill_timeout = float(kill_timeout)
+        self.end_timeout = float(end_timeout)
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._remote: dict[bool, Any] | None = None
+        self._reaper_class: Any = None
+        self._reapers: dict[str, Any] = {}
         self._jobs: set[RayJob] = set()
         self._initialized_here = False
         self._closed = False
+        self._views = _ray_contain.views()
+        #: a Ray node's raylet address by node id (for the liveness probe)
+        self._raylets: dict[str, tuple[str, int]] = {}
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "connected" if self._remote else "new"
+        return f"<RayRunner {state} address={self.address!r} containment={self.containment}>"
+
+    # A runner travels inside a definition when a child starts children of its own: only its
+    # configuration goes (inside a Ray worker, it uses the worker's connection).
+    def __getstate__(self) -> dict[str, Any]:
+        keep = (
+            "address", "num_cpus", "resources", "placement", "limits", "max_retries",
+            "fresh_workers", "containment", "kill_from_host", "init_kwargs", "kill_timeout",
+            "end_timeout",
+        )  # fmt: skip
+        return {name: getattr(self, name) for name in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
 
     # -- connection -------------------------------------------------------------------------
 
     def connect(self) -> None:
         """Connect to Ray (start a local one for ``address=None``) unless already connected.
 
-        Blocks the calling thread while Ray starts (seconds for a local Ray): call it before
-        serving requests. Submitting connects on first use.
+        Blocks the calling thread while Ray starts (seconds for a local Ray): call it at
+        startup, before serving, from the thread that lives as long as the program (Ray ties
+        the processes it starts to that thread). Otherwise the first child connects, on the
+        event loop. Raises ``RuntimeError`` once closed, and Ray's own errors (a cluster that
+        cannot be reached).
         """
         if self._closed:
             raise RuntimeError("this RayRunner is closed; create a new one")
@@ -489,6 +633,10 @@ class RayRunner:
             kwargs: dict[str, Any] = {"log_to_driver": False}
             if self.address is None:
                 kwargs["_node_ip_address"] = "127.0.0.1"
+                kwargs["include_dashboard"] = False
+                # The local workers run in this very environment: under `uv run`, Ray would
+                # otherwise package the working directory and rebuild the environment per worker.
+                os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
             kwargs.update(self.init_kwargs)
             ray.init(address=self.address, **kwargs)
             self._initialized_here = True
@@ -499,16 +647,45 @@ class RayRunner:
             }
             self._reaper_class = ray.remote(_Reaper)
 
-    def warm_up(self) -> None:
-        """Nothing to boot ahead: Ray keeps its own idle workers (connecting blocks, see
-        ``connect``)."""
+    def warm_up(self, modules: Iterable[str] = ()) -> None:
+        """Nothing to do ahead (Ray keeps its own idle workers); never blocks, never connects.
+
+        Call ``connect()`` at startup to have Ray ready before the first child.
+        """
 
     # -- submitting -------------------------------------------------------------------------
 
-    async def submit(self, spec: ChildSpec) -> RayJob:
-        """Start one subagent child (``run_child``) as a Ray task; the extensions call this."""
-        limits = spec.definition.limits or self.limits
-        return await self._submit(run_child, (spec,), {}, limits, None, None, pass_emit=True)
+    async def submit(self, spec: ChildSpec, *, limits: ProcessLimits | None = None) -> RayJob:
+        """Start one subagent child (``run_child(spec)``) as a Ray task and return its job.
+
+        ``limits`` (the extension's or the definition's) or the runner's own apply; the
+        definition's ``placement`` entry, if any, chooses CPUs and resources.
+
+        Raises:
+            TypeError: the spec cannot be shipped to Ray (the message names the part).
+            ValueError: a limit Ray children cannot have (``max_processes``,
+                ``tree_memory_bytes``).
+            RuntimeError: the runner is closed.
+        """
+        options = self.placement.get(spec.definition.name, {})
+        try:
+            return await self._submit(
+                run_child,
+                (spec,),
+                {},
+                limits or self.limits,
+                options.get("num_cpus"),
+                options.get("resources"),
+                pass_emit=True,
+            )
+        except TypeError as exc:
+            part = unpicklable_part(spec) or str(exc)
+            raise TypeError(
+                f"cannot start a child of {spec.definition.name!r} on Ray: {part}. Everything "
+                "a child needs is pickled to its Ray worker: keep locks, clients, connections "
+                "and event loops out of what the definition holds, or define the class in an "
+                "importable module"
+            ) from exc
 
     async def submit_function(
         self,
@@ -528,6 +705,7 @@ class RayRunner:
         Raises:
             RuntimeError: If the runner is closed.
             TypeError: If ``fn`` or its arguments cannot be pickled for Ray.
+            ValueError: For ``max_processes`` or ``tree_memory_bytes`` in ``limits``.
         """
         return await self._submit(fn, args, kwargs, limits or self.limits, num_cpus, resources)
 
@@ -544,8 +722,15 @@ class RayRunner:
     ) -> RayJob:
         if self._closed:
             raise RuntimeError("this RayRunner is closed; create a new one to start children")
+        limits = check_limits(limits, "RayRunner.submit(limits=...)") or ProcessLimits()
+        if limits.tree_wide:
+            raise ValueError(
+                f"RayRunner cannot enforce {', '.join(limits.tree_wide)} (they need the engine's "
+                "cgroup controllers); use memory_bytes (Ray's memory request and RLIMIT_AS) "
+                "or run these children with ProcessRunner"
+            )
         self.connect()
-        limits = limits or ProcessLimits()
+        assert self._remote is not None
         options: dict[str, Any] = {
             "num_cpus": self.num_cpus if num_cpus is None else num_cpus,
             "resources": dict(self.resources if resources is None else resources),
@@ -561,10 +746,10 @@ class RayRunner:
             generator = (
                 self._remote[fresh]
                 .options(**options)
-                .remote(fn, args, kwargs, limits.child_spec(), token, pass_emit)
+                .remote(fn, args, kwargs, limits.child_spec(), token, pass_emit, self.containment)
             )
         except Exception as error:
-            if "pickle" in str(error).lower() or isinstance(error, TypeError):
+            if "pickl" in str(error).lower() or isinstance(error, TypeError):
                 raise TypeError(f"cannot ship {fn!r} to Ray: {error}") from error
             raise
         name = getattr(fn, "__qualname__", "job")
@@ -572,10 +757,41 @@ class RayRunner:
         self._jobs.add(job)
         return job
 
-    # -- per-node helpers -------------------------------------------------------------------
+    # -- killing, per node ------------------------------------------------------------------
+
+    def _is_local(self, tree: Mapping[str, Any]) -> bool:
+        """Whether the tree's node is this machine, seen as this process sees it."""
+        return self.kill_from_host and list(tree.get("views") or []) == self._views
+
+    async def _kill_tree(
+        self,
+        tree: dict[str, Any],
+        node_id: str | None,
+        deadline: float,
+        *,
+        node_dead: bool = False,
+    ) -> bool:
+        """Kill a child's tree and wait until it is gone; True once confirmed. Never raises.
+
+        From here when the node is this machine; else through the node's reaper (recreated
+        if it died), unless the node is dead (its processes died with it).
+        """
+        left = deadline - time.monotonic()
+        try:
+            if self._is_local(tree):
+                return await _in_thread(_ray_contain.kill, tree, max(0.1, left))
+            if node_dead or node_id is None:
+                return False
+            result: bool = await self._call_reaper(
+                node_id, "kill", tree, max(0.1, left - 1), deadline=deadline
+            )
+            return result
+        except Exception:
+            log.debug("killing a tree on node %s failed", node_id, exc_info=True)
+            return False
 
     def _reaper(self, node_id: str) -> Any:
-        reaper = _REAPERS.get(node_id)
+        reaper = self._reapers.get(node_id)
         if reaper is None:
             reaper = self._reaper_class.options(
                 num_cpus=0,
@@ -583,26 +799,59 @@ class RayRunner:
                 max_concurrency=16,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote()
-            _REAPERS[node_id] = reaper
+            self._reapers[node_id] = reaper
         return reaper
 
+    async def _call_reaper(self, node_id: str, method: str, *args: Any, deadline: float) -> Any:
+        """Call a method of the node's reaper; a dead reaper (a child may kill it) is replaced
+        and the call repeated, until ``deadline``."""
+        while True:
+            reaper = self._reaper(node_id)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the reaper on node {node_id[:12]} did not answer in time")
+            try:
+                return await asyncio.wait_for(_get(getattr(reaper, method).remote(*args)), left)
+            except (rex.RayActorError, rex.ActorUnavailableError) as error:
+                log.info("the reaper on node %s is gone (%s); a new one", node_id[:12], error)
+                if self._reapers.get(node_id) is reaper:
+                    del self._reapers[node_id]
+                with contextlib.suppress(Exception):
+                    ray.kill(reaper)
+                if not await self._node_alive(node_id):
+                    raise
+
+    # -- node liveness ----------------------------------------------------------------------
+
+    async def _node_lost(self, node_id: str) -> bool:
+        return not await self._node_alive(node_id)
+
     async def _node_alive(self, node_id: str) -> bool:
-        """Whether the node answers (through its reaper), within ``reaper_timeout``."""
+        """Whether the node's raylet still answers: the cluster's view (when the head answers
+        within 2 s), then a TCP connect to the raylet itself (a killed raylet refuses at once;
+        the cluster notices only after its health checks)."""
         try:
-            ref = self._reaper(node_id).ping.remote()
-            await asyncio.wait_for(_awaitable(ref), self.reaper_timeout)
+            nodes = await _in_thread(_node_table, 2.0)
         except Exception:
+            return False  # the head does not answer: the cluster is gone
+        entry = nodes.get(node_id)
+        if entry is None or not entry[0]:
             return False
+        address = entry[1]
+        try:
+            _reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 2.0)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
         return True
 
     # -- closing ----------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Kill every running child (``PoolClosed``) and disconnect if this runner connected.
-
-        The per-node reapers are shared by the runners of this process and end when Ray is
-        disconnected. Bounded even when the cluster is gone. Idempotent.
-        """
+        """Kill every running child (``PoolClosed``), end this runner's reapers, and disconnect
+        if this runner connected. Bounded even when the cluster is gone. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -611,20 +860,81 @@ class RayRunner:
             *(job._kill(PoolClosed("the RayRunner was closed")) for job in jobs),
             return_exceptions=True,
         )
+        reapers, self._reapers = list(self._reapers.values()), {}
+        for reaper in reapers:
+            with contextlib.suppress(Exception):
+                ray.kill(reaper)
         if self._initialized_here:
-            # the reapers are actors of this driver: they end with it
-            _REAPERS.clear()
-            if self._gcs_reachable():
-                ray.shutdown()
+            if _gcs_reachable():
+                await _in_thread(ray.shutdown)
             else:
                 # ray.shutdown() waits for the lost cluster; Ray ends this driver process
                 # after gcs_rpc_server_reconnect_timeout_s (60 s by default)
                 log.warning("the Ray cluster is gone; not disconnecting from it")
 
-    def _gcs_reachable(self) -> bool:
-        try:
-            client: Any = getattr(ray._private.worker.global_worker, "gcs_client", None)
-            client.internal_kv_exists(b"zett-agent-ping", None, timeout=2)
-        except Exception:
-            return False
-        return True
+    async def __aenter__(self) -> RayRunner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _node_table(timeout: float) -> dict[str, tuple[bool, tuple[str, int]]]:
+    """``{node id: (alive, (raylet address, port))}`` from the cluster's head, within
+    ``timeout`` seconds (raises if the head does not answer)."""
+    client: Any = cast(Any, ray._private.worker.global_worker).gcs_client
+    table = client.get_all_node_info(timeout=timeout)
+    out = {}
+    for node_id, info in table.items():
+        alive = info.state == 0  # GcsNodeInfo.ALIVE
+        out[node_id.hex()] = (alive, (info.node_manager_address, int(info.node_manager_port)))
+    return out
+
+
+def _gcs_reachable() -> bool:
+    try:
+        client: Any = cast(Any, ray._private.worker.global_worker).gcs_client
+        client.internal_kv_exists(b"zett-agent-ping", None, timeout=2)
+    except Exception:
+        return False
+    return True
+
+
+def _check_resources(where: str, resources: Mapping[str, float]) -> dict[str, float]:
+    if not isinstance(resources, Mapping):
+        raise TypeError(f"{where} must map resource names to amounts, got {resources!r:.60}")
+    out = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or isinstance(amount, bool):
+            raise TypeError(f"{where}: {name!r:.40}: {amount!r:.40} is not a name and an amount")
+        if not isinstance(amount, int | float) or not amount >= 0:
+            raise ValueError(f"{where}[{name!r}] must be a number >= 0, got {amount!r:.40}")
+        out[name] = float(amount)
+    return out
+
+
+def _check_placement(name: object, options: Mapping[str, Any]) -> dict[str, Any]:
+    where = f"placement[{name!r:.40}]"
+    if not isinstance(name, str) or not isinstance(options, Mapping):
+        raise TypeError(f"placement maps definition names to option dicts; {where} is not one")
+    unknown = set(options) - _PLACEMENT_KEYS
+    if unknown:
+        raise ValueError(
+            f"{where} has unknown options {sorted(unknown)}; it takes num_cpus and resources"
+        )
+    out: dict[str, Any] = {}
+    if "num_cpus" in options:
+        value = options["num_cpus"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"{where}['num_cpus'] must be a number >= 0, got {value!r:.40}")
+        out["num_cpus"] = float(value)
+    if "resources" in options:
+        out["resources"] = _check_resources(f"{where}['resources']", options["resources"])
+    return out
+
+
+if TYPE_CHECKING:  # both satisfy the runner interface
+    from zett_agent.runners._base import ChildJob, ChildRunner
+
+    def _check(runner: RayRunner, job: RayJob) -> tuple[ChildRunner, ChildJob]:
+        return runner, job
