@@ -11,7 +11,9 @@ It reads one JSON command per line on stdin and answers one JSON line on stdout:
 - ``{"op": "start", "nodes": {name: {"num_cpus": n, "resources": {...}}}}``: a head node
   (``"head"``) plus the others; answers the address and each node's id.
 - ``{"op": "remove_node", "name": ...}``: kills one node's processes (SIGKILL, as a lost machine).
-- ``{"op": "leftovers"}``: processes in the host's tree that are not the cluster's own.
+- ``{"op": "leftovers"}``: processes in the host's tree that are not the cluster's own, and
+  the Ray children's cgroups that still exist.
+- ``{"op": "wait_clean", "within": s}``: ``leftovers`` once they are empty, or at the timeout.
 - ``{"op": "kill_cluster"}``: SIGKILLs every Ray process (the cluster goes away abruptly).
 - ``{"op": "shutdown"}``: shuts the cluster down, checks nothing is left, exits.
 
@@ -26,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -78,8 +81,9 @@ class Host:
         self.ever |= {p.pid for p in psutil.Process().children(recursive=True)}
 
     def add_node(self, name: str, **args: Any) -> dict[str, Any]:
+        # add_node waits until this node is alive; not wait_for_nodes(), which also waits
+        # until the cluster noticed that a node removed before is dead (its health checks)
         self.nodes[name] = node = self.cluster.add_node(**NODE_ARGS, **args)
-        self.cluster.wait_for_nodes()
         self._remember()
         return {"id": node.node_id}
 
@@ -131,6 +135,16 @@ class Host:
                 with contextlib.suppress(psutil.Error):
                     found.append(f"{pid} (parent {parents[pid]}) {' '.join(proc.cmdline())[:100]}")
         return {"leftovers": found, "cgroups": _task_cgroups()}
+
+    def wait_clean(self, within: float) -> dict[str, Any]:
+        """Wait until nothing is left (``leftovers``) or ``timeout`` passes: for a test whose
+        driver died, where the task's sentinel cleans up on its own schedule."""
+        deadline = time.monotonic() + within
+        while True:
+            answer = self.leftovers()
+            if not (answer["leftovers"] or answer["cgroups"]) or time.monotonic() > deadline:
+                return answer
+            time.sleep(0.02)
 
     def kill_cluster(self) -> dict[str, Any]:
         for proc in psutil.Process().children(recursive=True):

@@ -196,18 +196,27 @@ def _announce_and_wait(beacon_path: str, label: str) -> str:
     return "unreachable"
 
 
+def _wait_for_gate(gate: str) -> str:
+    """Return what the test writes to the FIFO ``gate`` (the child runs until then)."""
+    with open(gate, "rb") as fifo:
+        return fifo.read().decode()
+
+
 def _segfault() -> str:
     ctypes.string_at(0)
     return "unreachable"
 
 
 def _burn(seconds: float) -> str:
+    """Burn ``seconds`` of CPU; return when it started and ended (CLOCK_MONOTONIC, which every
+    node of the test cluster shares)."""
+    started = time.monotonic()
     end = time.process_time() + seconds
     digest = b""
     while time.process_time() < end:
         for _ in range(1000):
             digest = hashlib.sha256(digest).digest()
-    return digest.hex()[:8]
+    return f"{started} {time.monotonic()}"
 
 
 def _progress() -> str:
@@ -230,4 +239,5 @@ ANNOUNCE = AgentTool(
 )
 SEGFAULT = AgentTool("segfault", "Crash.", _schema(), _segfault)
 BURN = AgentTool("burn", "Burn CPU.", _schema(seconds="number"), _burn)
+GATE = AgentTool("gate", "Wait for the gate.", _schema(gate="string"), _wait_for_gate)
 PROGRESS = AgentTool("progress", "Report progress.", _schema(), _progress)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
+import socket
 import time
 from typing import Any
 
@@ -45,3 +47,24 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
 async def settle(job: Any) -> Any:
     await asyncio.wait_for(job.wait(), BOUND)
     return job
+
+
+class Beacons:
+    """Children report JSON datagrams here (``_ray_children.beacon``): the test waits on what
+    they did instead of sleeping."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.setblocking(False)
+
+    async def next(self) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(BOUND):
+            data = await loop.sock_recv(self.sock, 65536)
+        payload: dict[str, Any] = json.loads(data)
+        return payload
+
+    def close(self) -> None:
+        self.sock.close()

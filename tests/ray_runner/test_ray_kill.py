@@ -26,16 +26,34 @@ pytestmark = pytest.mark.ray
 HERE = Path(__file__).parent
 
 
+async def _runner(containment: str, from_host: bool) -> Any:
+    runner = RayRunner(containment=containment, kill_from_host=from_host)
+    yield runner
+    await asyncio.wait_for(runner.close(), BOUND)
+
+
 @pytest.fixture(
     params=[("cgroup", True), ("cgroup", False), ("scan", True), ("scan", False)],
     ids=["cgroup-host", "cgroup-reaper", "scan-host", "scan-reaper"],
 )
 async def runner(request: pytest.FixtureRequest, ray_cluster: dict[str, Any]) -> Any:
     """A runner per containment, killing from this process or through the node's reaper."""
-    containment, from_host = request.param
-    runner = RayRunner(containment=containment, kill_from_host=from_host)
-    yield runner
-    await asyncio.wait_for(runner.close(), BOUND)
+    async for runner in _runner(*request.param):
+        yield runner
+
+
+@pytest.fixture(params=["cgroup", "scan"])
+async def contained(request: pytest.FixtureRequest, ray_cluster: dict[str, Any]) -> Any:
+    """A runner per containment (for what the task does itself: no kill path involved)."""
+    async for runner in _runner(request.param, True):
+        yield runner
+
+
+@pytest.fixture(params=[("cgroup", True), ("scan", False)], ids=["cgroup-host", "scan-reaper"])
+async def crashing(request: pytest.FixtureRequest, ray_cluster: dict[str, Any]) -> Any:
+    """Both containments, each confirmed dead by one of the kill paths."""
+    async for runner in _runner(*request.param):
+        yield runner
 
 
 async def test_cancel_kills_a_never_yielding_child_and_its_escapees(
@@ -52,17 +70,17 @@ async def test_cancel_kills_a_never_yielding_child_and_its_escapees(
     assert [event async for event in events] == []
 
 
-async def test_a_child_that_returns_leaves_no_process(runner: RayRunner) -> None:
-    job = await settle(await runner.submit_function(kids.tree_then_return))
+async def test_a_child_that_returns_leaves_no_process(contained: RayRunner) -> None:
+    job = await settle(await contained.submit_function(kids.tree_then_return))
     tree = job.result()
     # the worker itself lives on for the next child (reused); what the child started does not
     assert [pid for pid in (tree["plain"], tree["escapee"]) if not gone(pid)] == []
 
 
-async def test_a_crashed_worker_leaves_no_process(runner: RayRunner, tmp_path: Path) -> None:
+async def test_a_crashed_worker_leaves_no_process(crashing: RayRunner, tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as beacons:
         beacons.bind(str(tmp_path / "beacons"))
-        job = await runner.submit_function(kids.tree_then_segfault, str(tmp_path / "beacons"))
+        job = await crashing.submit_function(kids.tree_then_segfault, str(tmp_path / "beacons"))
         beacons.settimeout(BOUND)
         tree = json.loads(await asyncio.to_thread(beacons.recv, 4096))
         await settle(job)
@@ -122,3 +140,6 @@ def test_the_parent_dying_leaves_no_process(ray_cluster: dict[str, Any], contain
         finally:
             driver.kill()
     assert wait_gone(list(tree.values()), timeout=BOUND) == []
+    # no host waits for the sentinel here: let it finish removing the cgroup, then exit
+    left = ray_cluster["host"].call("wait_clean", within=BOUND)
+    assert not (left["leftovers"] or left["cgroups"]), left

@@ -33,19 +33,24 @@ workers that nobody cleaned up (every killer was itself killed).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
-import json
 import os
 import select
-import signal
-import struct
-import subprocess
 import sys
-import tempfile
 import time
-from typing import Any
+
+try:  # the C module: the same constants and functions, without signal.py's enum import
+    import _signal as signal  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    import signal
+
+# The sentinel imports this module, and its start delays the child's: only cheap stdlib
+# modules at the top (not typing, contextlib, json, re, subprocess or ctypes; the worker's
+# side imports what it needs where it needs it).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any
 
 __all__ = [
     "DIR_NAME",
@@ -66,11 +71,24 @@ DIR_NAME = "zett-agent-ray"
 #: names the processes of one task in scan mode, inherited unless a process drops it
 MARKER = "ZETT_RAY_TASK"
 PR_SET_CHILD_SUBREAPER = 36
-
-_libc = ctypes.CDLL(None, use_errno=True)
+#: seconds ``enter`` waits for the sentinel to be armed (a Python start, on a loaded node)
+SENTINEL_READY_TIMEOUT = 60.0
 
 
 # -- small Linux helpers -----------------------------------------------------------------------
+
+
+class _suppress:
+    """``contextlib.suppress`` without importing contextlib (see the imports)."""
+
+    def __init__(self, *errors: type[BaseException]) -> None:
+        self.errors = errors
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, self.errors)
 
 
 def start_time(pid: int) -> int | None:
@@ -107,7 +125,9 @@ def views() -> list[str]:
 
 
 def _set_subreaper(on: bool) -> None:
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 def _pidfd(pid: int, start: int | None) -> int | None:
@@ -204,30 +224,28 @@ def _populated(cgroup: str) -> bool:
     return "populated 1" in text
 
 
-_IN_MODIFY = 0x2
-_EVENT = struct.Struct("iIII")
-
-
 def _wait_empty(cgroup: str, deadline: float) -> bool:
-    """Wait until no process is left in ``cgroup`` (inotify on ``cgroup.events``)."""
-    fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    """Wait until no process is left in ``cgroup``: the kernel flags ``cgroup.events`` to
+    ``poll`` (POLLPRI) whenever its ``populated`` line changes."""
     try:
-        if fd >= 0:
-            _libc.inotify_add_watch(fd, os.fsencode(f"{cgroup}/cgroup.events"), _IN_MODIFY)
-        while _populated(cgroup):
+        fd = os.open(f"{cgroup}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI | select.POLLERR)
+        while True:
+            os.lseek(fd, 0, os.SEEK_SET)
+            if b"populated 1" not in os.read(fd, 4096):
+                return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if fd >= 0:
-                _readable(fd, min(left, 0.5))  # 0.5: should an event ever be missed
-                with contextlib.suppress(BlockingIOError):
-                    os.read(fd, 4096)
-            else:
-                time.sleep(min(left, 0.01))
-        return True
+            poller.poll(int(min(left, 0.5) * 1000) + 1)  # 0.5: should a change be missed
+    except OSError:
+        return not _populated(cgroup)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
 
 
 def _remove(cgroup: str, deadline: float) -> bool:
@@ -286,7 +304,7 @@ def _children(pid: int) -> list[int]:
     kids: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+            with _suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
                 kids.extend(int(k) for k in f.read().split())
     except OSError:
         pass
@@ -308,7 +326,7 @@ def _marked(token: str) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{name}/environ", "rb") as handle:
+            with _suppress(OSError), open(f"/proc/{name}/environ", "rb") as handle:
                 if needle in handle.read().split(b"\0"):
                     found.append(int(name))
     return found
@@ -333,7 +351,7 @@ def _kill_scan(
             if pid == me or pid in seen or pid in spare:
                 continue
             seen[pid] = _pidfd(pid, None)
-            with contextlib.suppress(ProcessLookupError):
+            with _suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
             new = True
         return new
@@ -346,11 +364,11 @@ def _kill_scan(
     while take(below() + _marked(token)):
         pass
     for pid in seen:
-        with contextlib.suppress(ProcessLookupError):
+        with _suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     while take(below()):  # orphans of the killed, re-parented to the subreaper root
         for pid in seen:
-            with contextlib.suppress(ProcessLookupError):
+            with _suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     fds = [fd for fd in seen.values() if fd is not None]
     try:
@@ -404,17 +422,14 @@ def enter(token: str, mode: str = "auto") -> dict[str, Any]:
             tree.update(mode="cgroup", cgroup=cgroup, home=home)
         elif mode == "cgroup":
             raise OSError(errno.EPERM, f"containment='cgroup' is not possible here: {problem}")
-    # The sentinel starts before the worker enters the cgroup (it must stay outside).
-    sentinel = subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), "sentinel", json.dumps(tree)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-    )
-    tree["sentinel"] = [sentinel.pid, start_time(sentinel.pid)]
-    _SENTINELS[token] = sentinel
+    # The sentinel starts before the worker enters the cgroup (it must stay outside), and
+    # the child runs only once it is armed.
+    try:
+        tree["sentinel"] = _start_sentinel(tree)
+    except BaseException:
+        if tree["cgroup"] is not None:
+            os.rmdir(tree["cgroup"])
+        raise
     if tree["mode"] == "cgroup":
         try:
             _write(f"{tree['cgroup']}/cgroup.procs", str(me))
@@ -433,7 +448,8 @@ def enter(token: str, mode: str = "auto") -> dict[str, Any]:
 def _running_file(token: str) -> str:
     """Exists while a scan-mode task runs: a killer that froze the worker checks it, so a
     late kill never hits the next task of a reused worker."""
-    return os.path.join(tempfile.gettempdir(), f"zett-ray-{token}.running")
+    folder = os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(folder, f"zett-ray-{token}.running")
 
 
 _SENTINELS: dict[str, subprocess.Popen[bytes]] = {}
@@ -458,7 +474,7 @@ def leave(tree: dict[str, Any], timeout: float = 10.0) -> bool:
         )
         _set_subreaper(False)
         os.environ.pop(MARKER, None)
-        with contextlib.suppress(OSError):
+        with _suppress(OSError):
             os.unlink(_running_file(token))
     _reap()
     return gone
@@ -468,8 +484,38 @@ def _reap() -> None:
     """Collect the exit statuses of this worker's dead children."""
     for pid in _children(os.getpid()):
         if _zombie(pid):
-            with contextlib.suppress(ChildProcessError):
+            with _suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+
+
+def _start_sentinel(tree: dict[str, Any]) -> list[int | None]:
+    """Start the task's sentinel and wait until its watcher holds a pidfd of this worker;
+    return ``[pid, start time]`` of its first process. ``OSError`` if it does not arm."""
+    import subprocess
+
+    args = [tree["mode"], str(tree["pid"]), str(tree["start"]), tree["token"], tree["cgroup"] or ""]
+    sentinel = subprocess.Popen(
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), "sentinel", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    _SENTINELS[tree["token"]] = sentinel
+    assert sentinel.stdout is not None
+    poller = select.poll()
+    poller.register(sentinel.stdout.fileno(), select.POLLIN)
+    ready = poller.poll(int(SENTINEL_READY_TIMEOUT * 1000)) and sentinel.stdout.readline()
+    sentinel.stdout.close()
+    if ready != b"ready\n":
+        _stop_sentinel(tree["token"])
+        raise OSError(
+            errno.ETIMEDOUT,
+            f"the task's sentinel did not start within {SENTINEL_READY_TIMEOUT:g} s "
+            f"(answered {ready!r:.40}); the child was not run",
+        )
+    return [sentinel.pid, start_time(sentinel.pid)]
 
 
 def _stop_sentinel(token: str) -> None:
@@ -482,6 +528,8 @@ def _stop_sentinel(token: str) -> None:
         sentinel.stdin.close()
     except (OSError, ValueError):
         sentinel.kill()  # the child closed our pipe: the sentinel cannot be told
+    import subprocess
+
     try:
         sentinel.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -558,7 +606,7 @@ def crash_signal(crash_file: str) -> str | None:
         except OSError:
             continue
         finally:
-            with contextlib.suppress(OSError):
+            with _suppress(OSError):
                 os.unlink(path)
         if found is not None:
             continue
@@ -590,10 +638,10 @@ def sentinel(tree: dict[str, Any]) -> None:
     The first (the worker's direct child, which the worker reaps) forks the *watcher* and
     relays ``done`` from its stdin to it. Two, because Ray kills a worker's direct children
     when the worker exits on its own terms (its owner died, for example): the watcher, a
-    grandchild, survives that. The watcher waits on the worker's pidfd: when the worker dies
-    for any reason, it kills the tree. ``done`` means the task cleaned up itself. End of input
-    alone proves nothing (the child may close descriptors; the first process may be killed):
-    only the worker's pidfd decides.
+    grandchild, survives that. The watcher takes a pidfd of the worker, says ``ready`` on
+    stdout, and waits: when the worker dies for any reason, it kills the tree. ``done`` means
+    the task cleaned up itself. End of input alone proves nothing (the child may close
+    descriptors; the first process may be killed): only the worker's pidfd decides.
     """
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
@@ -606,9 +654,10 @@ def sentinel(tree: dict[str, Any]) -> None:
         finally:
             os._exit(0)
     os.close(read)
+    os.close(1)  # the watcher says ready
     watcher_fd = _pidfd(watcher, None)
     if watcher_fd is not None and _until_done(0, watcher_fd):
-        with contextlib.suppress(OSError):
+        with _suppress(OSError):
             os.write(write, b"done\n")
     os.close(write)
     os.waitpid(watcher, 0)
@@ -636,6 +685,9 @@ def _until_done(control: int, other: int) -> bool:
 
 def _watch(tree: dict[str, Any], control: int) -> None:
     worker = _pidfd(tree["pid"], tree["start"])
+    with _suppress(OSError):
+        os.write(1, b"ready\n")
+        os.close(1)
     if worker is not None and _until_done(control, worker):
         return
     kill(tree, timeout=30.0, wait_sentinel=False)
@@ -643,4 +695,14 @@ def _watch(tree: dict[str, Any], control: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["sentinel"]:
-        sentinel(json.loads(sys.argv[2]))
+        _mode, _pid, _start, _token, _cgroup = sys.argv[2:7]
+        sentinel(
+            {
+                "mode": _mode,
+                "pid": int(_pid),
+                "start": int(_start),
+                "token": _token,
+                "cgroup": _cgroup or None,
+                "sentinel": None,
+            }
+        )

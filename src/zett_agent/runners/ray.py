@@ -78,6 +78,8 @@ STREAM_BACKPRESSURE = 256
 #: seconds a job may wait for Ray before ``info()`` says it is waiting
 WAITING_AFTER = 2.0
 _CONTAINMENTS = ("auto", "cgroup", "scan")
+#: the per-node reaper actors by (Ray job id of this driver, node id)
+_REAPERS: dict[tuple[str, str], Any] = {}
 _PLACEMENT_KEYS = frozenset({"num_cpus", "resources"})
 
 
@@ -128,7 +130,8 @@ def _first_line(error: BaseException) -> str:
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run a blocking call in a thread of its own (ended when the call returns)."""
+    """Run a bounded blocking call in a thread of its own; the thread has ended when this
+    returns, even when the caller is cancelled (then after the call ends)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -152,9 +155,13 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
     thread.start()
     try:
         return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        # Every call made here is bounded: let it end, so no thread outlives its caller.
+        await asyncio.wait([future])
+        raise
     finally:
         if future.done():
-            thread.join(1.0)  # it has nothing left to do
+            thread.join()  # it has nothing left to do but return
 
 
 async def _get(ref: Any) -> Any:
@@ -590,7 +597,6 @@ class RayRunner:
     def _init_runtime(self) -> None:
         self._remote: dict[bool, Any] | None = None
         self._reaper_class: Any = None
-        self._reapers: dict[str, Any] = {}
         self._jobs: set[RayJob] = set()
         self._initialized_here = False
         self._closed = False
@@ -791,7 +797,10 @@ class RayRunner:
             return False
 
     def _reaper(self, node_id: str) -> Any:
-        reaper = self._reapers.get(node_id)
+        """The node's reaper actor, shared by the runners of this process while it stays
+        connected to the same cluster (the actors end with this driver's connection)."""
+        key = (ray.get_runtime_context().get_job_id(), node_id)
+        reaper = _REAPERS.get(key)
         if reaper is None:
             reaper = self._reaper_class.options(
                 num_cpus=0,
@@ -799,7 +808,7 @@ class RayRunner:
                 max_concurrency=16,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote()
-            self._reapers[node_id] = reaper
+            _REAPERS[key] = reaper
         return reaper
 
     async def _call_reaper(self, node_id: str, method: str, *args: Any, deadline: float) -> Any:
@@ -814,8 +823,9 @@ class RayRunner:
                 return await asyncio.wait_for(_get(getattr(reaper, method).remote(*args)), left)
             except (rex.RayActorError, rex.ActorUnavailableError) as error:
                 log.info("the reaper on node %s is gone (%s); a new one", node_id[:12], error)
-                if self._reapers.get(node_id) is reaper:
-                    del self._reapers[node_id]
+                for key, known in list(_REAPERS.items()):
+                    if known is reaper:
+                        del _REAPERS[key]
                 with contextlib.suppress(Exception):
                     ray.kill(reaper)
                 if not await self._node_alive(node_id):
@@ -850,8 +860,9 @@ class RayRunner:
     # -- closing ----------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Kill every running child (``PoolClosed``), end this runner's reapers, and disconnect
-        if this runner connected. Bounded even when the cluster is gone. Idempotent."""
+        """Kill every running child (``PoolClosed``), and disconnect if this runner connected
+        (which ends the per-node reapers too). Bounded even when the cluster is gone.
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -860,11 +871,8 @@ class RayRunner:
             *(job._kill(PoolClosed("the RayRunner was closed")) for job in jobs),
             return_exceptions=True,
         )
-        reapers, self._reapers = list(self._reapers.values()), {}
-        for reaper in reapers:
-            with contextlib.suppress(Exception):
-                ray.kill(reaper)
         if self._initialized_here:
+            _REAPERS.clear()
             if _gcs_reachable():
                 await _in_thread(ray.shutdown)
             else:
