@@ -540,16 +540,31 @@ def _stop_sentinel(token: str) -> None:
 # -- everyone's side ---------------------------------------------------------------------------
 
 
-def kill(tree: dict[str, Any], timeout: float = 10.0, *, wait_sentinel: bool = True) -> bool:
+def kill(
+    tree: dict[str, Any],
+    timeout: float = 10.0,
+    *,
+    wait_sentinel: bool = True,
+    worker_grace: float = 0.0,
+) -> bool:
     """Kill the whole tree (the worker included) and wait until it is gone; True if it is.
 
     Idempotent, and correct from any process of the tree's node that is not in the tree: the
     host (when on the same machine), the node's reaper, the sentinel. With ``wait_sentinel``,
     also waits for the task's sentinel to finish (it exits once the worker is dead), so that
-    nothing of the task is left when this returns.
+    nothing of the task is left when this returns. ``worker_grace`` (cgroup mode): seconds to
+    let the worker exit on its own first (Ray ends a force-cancelled worker itself, quietly;
+    a worker we kill makes Ray log an unexpected death).
     """
     deadline = time.monotonic() + timeout
     if tree["mode"] == "cgroup":
+        if worker_grace > 0:
+            worker = _pidfd(tree["pid"], tree["start"])
+            if worker is not None:
+                try:
+                    _readable(worker, min(worker_grace, max(0.0, deadline - time.monotonic())))
+                finally:
+                    os.close(worker)
         gone = _kill_cgroup(tree["cgroup"], deadline)
     else:
         alive = _stop_if_running(tree)

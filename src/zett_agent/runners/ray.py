@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import ray
@@ -75,6 +76,8 @@ T = TypeVar("T")
 
 #: objects a running task may have in flight before its generator pauses (backpressure)
 STREAM_BACKPRESSURE = 256
+#: seconds a cancelled child's worker gets to exit as Ray ends it, before its cgroup is killed
+WORKER_GRACE = 1.0
 #: seconds a job may wait for Ray before ``info()`` says it is waiting
 WAITING_AFTER = 2.0
 _CONTAINMENTS = ("auto", "cgroup", "scan")
@@ -114,8 +117,8 @@ class _Reaper:
     def __init__(self) -> None:
         _ray_contain.sweep()
 
-    def kill(self, tree: dict[str, Any], timeout: float) -> bool:
-        return _ray_contain.kill(tree, timeout)
+    def kill(self, tree: dict[str, Any], timeout: float, worker_grace: float = 0.0) -> bool:
+        return _ray_contain.kill(tree, timeout, worker_grace=worker_grace)
 
     def crash(self, crash_file: str) -> str | None:
         return _ray_contain.crash_signal(crash_file)
@@ -481,11 +484,18 @@ class RayJob:
     async def _do_kill(self) -> None:
         runner = self._runner
         deadline = time.monotonic() + runner.kill_timeout
-        if self._tree is not None:
-            # The tree first (the worker with it): a stopped tree cannot do anything more.
-            self.tree_gone = await runner._kill_tree(self._tree, self.node_id, deadline)
+        tree = self._tree
+        if tree is not None and tree["mode"] == "scan":
+            # Scan mode finds the tree by walking down from the live worker: kill it first.
+            self.tree_gone = await runner._kill_tree(tree, self.node_id, deadline)
         with contextlib.suppress(Exception):
-            ray.cancel(self._gen, force=True)
+            ray.cancel(self._gen, force=True)  # Ray ends the worker itself (and quietly)
+        if tree is not None and tree["mode"] == "cgroup":
+            # Then the cgroup, whatever the worker left in it (the worker too, if it did not
+            # exit within the grace: a worker stuck where Ray cannot end it).
+            self.tree_gone = await runner._kill_tree(
+                tree, self.node_id, deadline, worker_grace=WORKER_GRACE
+            )
         # The pump ends once Ray reports the task's end; it kills (or confirms dead) the tree
         # the task had, whatever killed it, before the job settles.
         bound = max(0.0, deadline - time.monotonic()) + runner.end_timeout
@@ -640,11 +650,9 @@ class RayRunner:
             if self.address is None:
                 kwargs["_node_ip_address"] = "127.0.0.1"
                 kwargs["include_dashboard"] = False
-                # The local workers run in this very environment: under `uv run`, Ray would
-                # otherwise package the working directory and rebuild the environment per worker.
-                os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
             kwargs.update(self.init_kwargs)
-            ray.init(address=self.address, **kwargs)
+            with _local_workers_share_this_environment(self.address is None):
+                ray.init(address=self.address, **kwargs)
             self._initialized_here = True
         if self._remote is None:
             self._remote = {
@@ -776,6 +784,7 @@ class RayRunner:
         deadline: float,
         *,
         node_dead: bool = False,
+        worker_grace: float = 0.0,
     ) -> bool:
         """Kill a child's tree and wait until it is gone; True once confirmed. Never raises.
 
@@ -785,11 +794,12 @@ class RayRunner:
         left = deadline - time.monotonic()
         try:
             if self._is_local(tree):
-                return await _in_thread(_ray_contain.kill, tree, max(0.1, left))
+                kill = functools.partial(_ray_contain.kill, worker_grace=worker_grace)
+                return await _in_thread(kill, tree, max(0.1, left))
             if node_dead or node_id is None:
                 return False
             result: bool = await self._call_reaper(
-                node_id, "kill", tree, max(0.1, left - 1), deadline=deadline
+                node_id, "kill", tree, max(0.1, left - 1), worker_grace, deadline=deadline
             )
             return result
         except Exception:
@@ -885,6 +895,25 @@ class RayRunner:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+@contextlib.contextmanager
+def _local_workers_share_this_environment(local: bool) -> Iterator[None]:
+    """Under ``uv run``, Ray packages the working directory and starts every worker through
+    ``uv run`` (``RAY_ENABLE_UV_RUN_RUNTIME_ENV``, read when Ray is imported). A local Ray's
+    workers already run in this very environment, and the working directory may be any folder:
+    off for a local Ray, unless the variable was set explicitly."""
+    from ray._private import ray_constants
+
+    if not local or "RAY_ENABLE_UV_RUN_RUNTIME_ENV" in os.environ:
+        yield
+        return
+    before = getattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", None)
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    try:
+        yield
+    finally:
+        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = before
 
 
 def _node_table(timeout: float) -> dict[str, tuple[bool, tuple[str, int]]]:
