@@ -1,6 +1,7 @@
 """AsyncSubAgentExtension (one OS process per child) against an in-process baseline, in one run.
 
     uv run python benchmarks/bench_subagents.py [--quick]
+    uv run --extra ray python benchmarks/bench_subagents.py --ray [ADDRESS] [--quick]
 
 The baseline (``_subagent_baseline.InProcessSubAgentExtension``) is the same extension with its
 child runner swapped: each child agent runs as ``asyncio.create_task(agent.run(prompt))`` in the
@@ -27,6 +28,11 @@ What is measured:
    ``asyncio.sleep(0.005)`` wakes up; p50/p99/max.
 
 Ratios are baseline / ours for times, so > 1 means the process version is faster.
+
+``--ray [ADDRESS]`` adds a third runner, ``RayRunner`` (children as Ray tasks; a local Ray of
+this machine's CPUs when no address is given, started once before the clock), to (1)-(4), and
+prints one table with the three columns (no ratios); (5) is left out (a Ray worker per child is
+not what one runs a hundred of on one machine).
 
 The child agents are defined in this script's ``__main__``, as in the guide's program, so
 cloudpickle ships them by value and a fresh child process imports nothing for them. The
@@ -65,7 +71,9 @@ from zett_agent.tools import AgentTool, ToolResult
 
 HANG_GUARD = 120.0  # seconds; a request of this benchmark that takes longer is a bug
 TICK = 0.005
-VARIANTS = ("process", "in-process")
+VARIANTS: tuple[str, ...] = ("process", "in-process")
+#: the Ray address for the "ray" variant (--ray); None: a local Ray
+RAY_ADDRESS: str | None = None
 SCRIPT = os.path.abspath(__file__)
 RAW_BURN = (
     "import hashlib, sys\n"
@@ -260,6 +268,11 @@ class Announcements:
 def make_extension(
     variant: str, definitions: list[SubAgentDefinition], **options: Any
 ) -> AsyncSubAgentExtension:
+    if variant == "ray":
+        from zett_agent.runners.ray import RayRunner
+
+        options.pop("max_children", None)  # Ray's CPUs bound what runs at once
+        return AsyncSubAgentExtension(definitions, runner=RayRunner(RAY_ADDRESS), **options)
     cls = AsyncSubAgentExtension if variant == "process" else InProcessSubAgentExtension
     return cls(definitions, **options)
 
@@ -309,6 +322,9 @@ async def measure_start(rounds: int, chunks: int) -> dict[str, dict[str, Any]]:
             """Run ``n`` start + read rounds; return start latencies and round trips."""
             timing = Timing()
             await run_parent(extension, timing, [*start_and_read("starter") * n, final()])
+            failed = [t.error for t in extension.tasks("parent") if t.error]
+            if failed:
+                raise RuntimeError(f"a starter child failed: {failed[0]}")
             stamps = [(await asyncio.wait_for(queue.get(), 10))[1] for _ in range(n)]
             begins = [begin for begin, _ in timing.of("task_start")]
             ends = [end for _, end in timing.of("task_output")]
@@ -374,7 +390,7 @@ def _started_id(request: ModelRequest) -> str:
     raise RuntimeError("no task_start result in the parent's history")
 
 
-async def measure_cancel_process(rounds: int) -> dict[str, Any]:
+async def measure_cancel_process(rounds: int, variant: str = "process") -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     timing = Timing()
     with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
@@ -383,7 +399,7 @@ async def measure_cancel_process(rounds: int) -> dict[str, Any]:
             spinner = profile(
                 "spinner", AnnouncingChild(ann.path, [("spin", {"fifo": ann.path})]), [SPIN]
             )
-            async with make_extension("process", [spinner]) as extension:
+            async with make_extension(variant, [spinner]) as extension:
                 steps, tools = cancel_program(ann, timing, rounds)
                 await run_parent(extension, timing, steps, tools)
                 statuses = [t.status.value for t in extension.tasks("parent")]
@@ -525,7 +541,7 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
         cpu_begin, begin = time.process_time(), time.perf_counter()
         await run_parent(extension, Timing(), steps)
         results[variant]["wall"].append(time.perf_counter() - begin)
-        if variant == "process":  # the children's own CPU time, as the extension measured it
+        if variant != "in-process":  # the children's own CPU time, as the extension measured it
             burners = [t for t in extension.tasks("parent") if t.task_id not in before]
             results[variant]["cpu"].append(sum(t.cpu_seconds for t in burners))
         else:  # everything ran in this process
@@ -567,8 +583,27 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
                     v: await stack.enter_async_context(make_extension(v, [burner, warm], **options))
                     for v in VARIANTS
                 }
+                warm_k: list[Step] = [
+                    turn(
+                        *(
+                            call(
+                                "task_start", subagent_type="warm", description=f"w{i}", prompt="go"
+                            )
+                            for i in range(k)
+                        )
+                    ),
+                    lambda r: turn(
+                        *(
+                            call("task_output", task_id=f"task-{i}", wait_seconds=120)
+                            for i in range(1, k + 1)
+                        )
+                    ),
+                    final(),
+                ]
                 for extension in extensions.values():
-                    await run_parent(extension, Timing(), [*start_and_read("warm"), final()])
+                    # k children at once: k workers have imported the child runtime (a Ray
+                    # worker imports it on its first child)
+                    await run_parent(extension, Timing(), warm_k)
                 order = ["sequential", "raw", *VARIANTS]
                 for i in range(repeats):
                     for name in order[i % 4 :] + order[: i % 4]:
@@ -739,10 +774,11 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def environment(quick: bool) -> None:
+def environment(quick: bool, extra: str = "") -> None:
     clock = time.get_clock_info("perf_counter").implementation
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"command: uv run python benchmarks/bench_subagents.py{' --quick' if quick else ''}")
+    command = f"benchmarks/bench_subagents.py{extra}{' --quick' if quick else ''}"
+    print(f"command: uv run python {command}")
     print(
         f"environment: {platform.system()} {platform.release()}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs ({usable} usable), "
@@ -799,6 +835,85 @@ def check_leftovers() -> None:
     print(f"processes left behind: {len(left)}")
     if left:
         raise SystemExit(f"the benchmark left processes behind: {left}")
+
+
+async def bench_ray(quick: bool) -> None:
+    """(1)-(4) for processes, Ray and the in-process baseline, side by side."""
+    import ray
+
+    from zett_agent.runners.ray import RayRunner
+
+    global VARIANTS
+    VARIANTS = ("process", "ray", "in-process")
+    n_start = 50 if quick else 200
+    n_cancel = 5 if quick else 20
+    seconds = 0.3 if quick else 1.0
+    repeats = 1 if quick else 3
+    k = min(4, max(2, os.cpu_count() or 2))
+
+    environment(quick, f" --ray{' ' + RAY_ADDRESS if RAY_ADDRESS else ''}")
+    begin = time.perf_counter()
+    RayRunner(RAY_ADDRESS).connect()  # a local Ray starts here, before any clock
+    print(f"Ray {ray.__version__} connected in {time.perf_counter() - begin:.1f} s")
+    try:
+        started = time.perf_counter()
+        start = await measure_start(n_start, chunks=5)
+        cancel = {v: await measure_cancel_process(n_cancel, v) for v in ("process", "ray")}
+        rounds = calibrate(seconds)
+        cpu = await measure_cpu(k, rounds, repeats)
+        total = time.perf_counter() - started
+    finally:
+        ray.shutdown()
+
+    print(
+        f"\nAsyncSubAgentExtension on three runners, {'quick' if quick else 'full'} run, "
+        f"{total:.1f} s\n"
+    )
+    print(f"| {'measurement':<52} | {'process':>13} | {'ray':>13} | {'in-process':>13} |")
+    print(f"|{'-' * 54}|{'-' * 14}:|{'-' * 14}:|{'-' * 14}:|")
+
+    def line(name: str, *values: str) -> None:
+        print(f"| {name:<52} | " + " | ".join(f"{v:>13}" for v in values) + " |")
+
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        line(
+            f"(1) task_start -> child running, {label} (n={n_start})",
+            *(ms(pct(start[v]["start"], q)) for v in VARIANTS),
+        )
+    line("    first start (cold)", *(ms(start[v]["cold"]) for v in VARIANTS))
+    line(
+        "    task_start -> report read (task_output), p50",
+        *(ms(pct(start[v]["round"], 0.5)) for v in VARIANTS),
+    )
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        line(
+            f"(2) task_cancel -> tree gone, spinning child, {label} (n={n_cancel})",
+            ms(pct(cancel["process"]["cancel"], q)),
+            ms(pct(cancel["ray"]["cancel"], q)),
+            "never",
+        )
+    walls = {v: statistics.median(cpu[v]["wall"]) for v in VARIANTS}
+    seq = statistics.median(cpu["sequential"]["wall"])
+    line(
+        f"(3) {k} CPU-bound children x {seconds:g} s, wall (median of {repeats})",
+        *(f"{walls[v]:.3f} s" for v in VARIANTS),
+    )
+    line(
+        "    speedup vs the same work run sequentially",
+        *(f"{seq / walls[v]:.2f} x" for v in VARIANTS),
+    )
+    raw = statistics.median(cpu["raw"]["wall"])
+    line(f"    ceiling: {k} bare processes at once", *([f"{seq / raw:.2f} x"] * 3))
+    for q, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
+        line(
+            f"(4) parent loop stall during (3), {label}",
+            *(ms(pct(cpu[v]["stall"], q)) for v in VARIANTS),
+        )
+    print(
+        "\n(2) in-process: the child spins inside the parent's only thread, so the parent's "
+        "task_cancel never runs (see the run without --ray)."
+    )
+    check_leftovers()
 
 
 async def bench(quick: bool, n_running: int) -> None:
@@ -937,10 +1052,21 @@ def main() -> None:
         "--children", type=int, default=100, help="children of measurement (5) (default 100)"
     )
     parser.add_argument("--running-only", action="store_true", help="run measurement (5) only")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="add RayRunner to (1)-(4) (needs the ray extra; default: a local Ray)",
+    )
     parser.add_argument("--probe-inprocess-cancel", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe_inprocess_cancel:
         asyncio.run(probe_inprocess_cancel(args.probe_inprocess_cancel))
+    elif args.ray is not None:
+        global RAY_ADDRESS
+        RAY_ADDRESS = args.ray or None
+        asyncio.run(bench_ray(args.quick))
     elif args.running_only:
         asyncio.run(bench_running(args.quick, args.children))
     else:
