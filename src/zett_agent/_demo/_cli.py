@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -34,6 +35,9 @@ folder (real CPU work, in parallel); one spins forever and is hard-cancelled (it
 is killed); one segfaults and fails cleanly. The parent keeps working meanwhile and then reads
 the reports. A live table shows each task's status, pid, files hashed, CPU, memory and time.
 """
+
+#: ``--ray`` without an address: a local Ray started for the demo
+LOCAL_RAY = "local"
 
 #: Exit statuses: bad arguments (argparse's own), the run failed or timed out, interrupted.
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
@@ -82,6 +86,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--base-url", default=None, help="base URL of an OpenAI-compatible endpoint"
     )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL_RAY,
+        default=None,
+        metavar="ADDRESS",
+        help="run the children as Ray tasks (needs the ray extra): a local Ray by default, or "
+        "the cluster at ADDRESS ('auto', 'ray://host:10001'; the folder must exist on its nodes)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -110,12 +123,26 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     elif args.base_url:
         return _fail("--base-url needs --model too, for example --model openai:qwen2.5:7b")
+    runner = None
+    if args.ray is not None:
+        if args.ray != LOCAL_RAY and Path(args.ray).is_dir():
+            return _fail(
+                f"--ray got {args.ray!r}, which is a folder: put the folder first "
+                f"(zett-agent demo {args.ray} --ray) or give an address (--ray auto)"
+            )
+        from zett_agent._demo._scenario import ray_runner
+
+        try:
+            runner = ray_runner(None if args.ray == LOCAL_RAY else args.ray, args.hashers)
+        except ImportError:
+            return _fail("--ray needs the ray extra: pip install 'zett-agent[ray]'")
     options = DemoOptions(
         root=str(root.resolve()),
         hashers=args.hashers,
         rounds=args.rounds,
         model=model,
         timeout=args.timeout,
+        runner=runner,
     )
     plain = args.plain or not sys.stdout.isatty()
     if not args.json:
@@ -129,9 +156,20 @@ def run(args: argparse.Namespace) -> int:
             "skipped); pass a folder that has files, or none for zett_agent's own source"
         )
     _warn_if_large(files, options)
+    if runner is not None:
+        where = "a local Ray" if args.ray == LOCAL_RAY else f"the Ray cluster at {args.ray}"
+        if not args.json:
+            print(f"zett_agent demo: connecting to {where} (seconds)...", flush=True)
+        try:
+            runner.connect()  # here, in the main thread: a local Ray lives as long as it
+        except Exception as exc:
+            return _fail(f"could not connect to {where}: {str(exc).splitlines()[0]}", EXIT_FAILED)
     try:
         if args.json:
-            result = asyncio.run(run_demo(options, files=files))
+            # Ray's driver prints a line to stdout for a worker that died (the crasher): keep
+            # stdout for the JSON alone
+            with contextlib.redirect_stdout(sys.stderr if runner is not None else sys.stdout):
+                result = asyncio.run(run_demo(options, files=files))
             print(json.dumps(result.to_json(), indent=2))
         else:
             result = _run_with_view(options, files, plain=plain)
@@ -199,7 +237,7 @@ def _run_with_view(options: DemoOptions, files: Sequence[Path], *, plain: bool) 
     else:
         from rich.live import Live
 
-        view = LiveTasks(out, SESSION, len(files))
+        view = LiveTasks(out, SESSION, len(files), ray=options.runner is not None)
         view.warm_up()
         # rich's refresh thread draws the table at a bounded rate; the loop never waits for it.
         # A shorter switch interval hands the GIL back to the loop sooner when that thread draws.
@@ -211,7 +249,8 @@ def _run_with_view(options: DemoOptions, files: Sequence[Path], *, plain: bool) 
                 get_renderable=view,
                 refresh_per_second=REFRESH_PER_SECOND,
                 transient=True,
-                redirect_stdout=False,
+                # Ray's driver prints to stdout when a worker dies: above the table, not in it
+                redirect_stdout=options.runner is not None,
                 redirect_stderr=False,
             ):
                 result = asyncio.run(run_demo(options, files=files, on_start=view.attach))

@@ -41,6 +41,9 @@ class DemoOptions:
     rounds: int = 40000
     model: Model | None = None  # None: the offline scripted models
     timeout: float = DEFAULT_TIMEOUT
+    #: where the children run: None for the default (a process each); ``--ray`` passes a
+    #: ``zett_agent.runners.ray.RayRunner`` (see ``ray_runner``)
+    runner: Any = None
 
 
 @dataclass
@@ -165,6 +168,28 @@ class DemoExtension(AsyncSubAgentExtension):
         self.cancel_seconds.append(time.perf_counter() - begin)
         return settled
 
+    def task_info(self, task: SubAgentTask, *, include_output: bool = False) -> Any:
+        info = super().task_info(task, include_output=include_output)
+        node = task.job.info().get("node_id") if task.job is not None else None
+        if node:  # on Ray: which node ran it, also once it finished (the final table)
+            info.setdefault("node_id", node)  # type: ignore[typeddict-item]
+        return info
+
+
+def ray_runner(address: str | None, hashers: int) -> Any:
+    """The demo's ``RayRunner`` (``--ray``): a local Ray (``address=None``) gets as many CPUs
+    as there are hashers, so every child runs at once as with processes (the OS shares the
+    cores); the spinner and the crasher ask Ray for no CPU, so they start even when hashers
+    fill a cluster. Not connected yet: call ``connect()``."""
+    from zett_agent.runners.ray import RayRunner
+
+    cpus = max(os.cpu_count() or 1, hashers)
+    return RayRunner(
+        address,
+        placement={"spinner": {"num_cpus": 0}, "crasher": {"num_cpus": 0}},
+        init_kwargs={"num_cpus": cpus} if address is None else None,
+    )
+
 
 PARENT_PROMPT = (
     "Start every task below at once with task_start (one call each), keep working with the "
@@ -225,7 +250,11 @@ async def run_demo(
         definitions(options.model),
         max_concurrent=len(starts),
         max_retained=len(starts),
-        max_children=len(starts),
+        **(
+            {"runner": options.runner}
+            if options.runner is not None
+            else {"max_children": len(starts)}
+        ),
     )
     tools = (
         AgentTool(

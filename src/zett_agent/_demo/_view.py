@@ -67,13 +67,18 @@ def files_done(tasks: Sequence[SubAgentTask]) -> int:
 _Cell = Callable[[dict[str, Any]], str]
 
 
-def _columns(width: int) -> list[tuple[str, _Cell, bool]]:
-    """``(header, cell, right-aligned)`` of each column shown at ``width``, the result aside."""
+def _columns(width: int, node: bool = False) -> list[tuple[str, _Cell, bool]]:
+    """``(header, cell, right-aligned)`` of each column shown at ``width``, the result aside;
+    with ``node`` (children on Ray), the node each task runs on (its id's first 8 digits)."""
     columns: list[tuple[str, _Cell, bool]] = [
         ("task", lambda i: str(i.get("task_id")), False),
         ("type", lambda i: str(i.get("subagent_type")), False),
         ("status", lambda i: str(i.get("status", "")), False),
         ("pid", lambda i: str(i.get("pid") or "-"), False),
+    ]
+    if node:
+        columns.append(("node", lambda i: str(i.get("node_id") or "-")[:8], False))
+    columns += [
         ("files", _files, False),
     ]
     if width >= WIDE:
@@ -107,7 +112,7 @@ def task_table(
     with an ellipsis. At 80 columns the table keeps status, pid, files, CPU and time; memory
     comes back from ``WIDE`` columns, turns and the last tool from ``WIDER``.
     """
-    columns = _columns(width)
+    columns = _columns(width, node=any("node_id" in info for info in infos))
     cells = [[cell(info) for _, cell, _ in columns] for info in infos]
     if hidden:
         cells.append(["…", f"{hidden} more", *([""] * (len(columns) - 2))])
@@ -155,10 +160,14 @@ class LiveTasks:
     sees an old or a new value, never a broken one) and ``/proc``.
     """
 
-    def __init__(self, console: Console, session: str, total_files: int) -> None:
+    def __init__(
+        self, console: Console, session: str, total_files: int, *, ray: bool = False
+    ) -> None:
         self.console = console
         self.session = session
         self.total_files = total_files
+        #: children on Ray: a node column, and usage from the job (a pid may be remote)
+        self.ray = ray
         self._extension: AsyncSubAgentExtension | None = None
         self._processes: dict[int, psutil.Process] = {}
         self._peaks: dict[str, int] = {}
@@ -218,6 +227,14 @@ class LiveTasks:
             "content": task.output,
             "error": task.error,
         }
+        if self.ray:
+            job = task.job
+            info["node_id"] = job.info().get("node_id") if job is not None else None
+            if job is not None and status is SubAgentTaskStatus.RUNNING:
+                usage = job.usage()
+                info["cpu_seconds"] = usage.cpu_seconds
+                info["peak_memory_bytes"] = max(info["peak_memory_bytes"], usage.peak_rss_bytes)
+            return info
         pid = info["pid"]
         if pid:
             try:

@@ -1,0 +1,57 @@
+"""``zett-agent demo --ray ADDRESS``: the demo's children on the test cluster, read through
+``--json`` as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HANG_GUARD = 120
+
+
+def zett_agent(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    return subprocess.run(
+        [sys.executable, "-m", "zett_agent.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+        env=env,
+    )
+
+
+@pytest.mark.ray
+def test_the_demo_runs_its_children_on_ray_and_names_their_nodes(
+    ray_cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    for i in range(6):
+        (tmp_path / f"file{i}.txt").write_text(f"content {i}\n" * 100)
+    address = ray_cluster["address"]
+    done = zett_agent(
+        "demo", str(tmp_path), "--ray", address, "--json", "--rounds", "500", "--hashers", "2"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)  # stdout is the JSON alone (Ray's own lines go to stderr)
+    tasks = {t["subagent_type"]: t for t in result["tasks"]}
+    assert {t["status"] for t in result["tasks"] if t["subagent_type"] == "hasher"} == {"completed"}
+    assert result["files_hashed"] == 6
+    assert tasks["spinner"]["status"] == "cancelled"
+    assert tasks["crasher"]["status"] == "failed" and "SIGSEGV" in tasks["crasher"]["error"]
+    nodes = set(ray_cluster["nodes"].values())
+    assert all(t["node_id"] in nodes for t in result["tasks"]), result["tasks"]
+
+
+def test_a_folder_given_as_the_ray_address_is_refused_with_the_fix(tmp_path: Path) -> None:
+    done = zett_agent("demo", "--ray", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"zett-agent demo: --ray got {str(tmp_path)!r}, which is a folder: put the folder "
+        f"first (zett-agent demo {tmp_path} --ray) or give an address (--ray auto)"
+    ]
