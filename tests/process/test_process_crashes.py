@@ -97,7 +97,7 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "oversized JSON frame": (
         _jobs.write_garbage,
         (_frame(b'{"k":"event","v":"' + b"x" * (1 << 17) + b'"}'),),
-        _check_protocol("at most 65536"),
+        _check_protocol("at most 32768"),
     ),
 }
 

@@ -108,6 +108,8 @@ class Assembler:
         self._chunk = chunk
         #: upper bound of the memory held by the message being assembled
         self.held = 0
+        #: what an aborted message had built, for the caller to free (then set to None)
+        self.dropped: Any = None
         self._kind: str | None = None
         self._wire = 0
         self._stack: list[Any] = []
@@ -125,8 +127,10 @@ class Assembler:
         """Whether the next frame is raw text."""
         return self._text is not None
 
-    def reset(self) -> None:
-        """Forget the message being assembled."""
+    def reset(self) -> Any:
+        """Forget the message being assembled; return what was built of it (``None`` if
+        nothing), for the caller to free (``Graveyard``)."""
+        partial = self._stack[0] if self._stack else self._root
         self.held = 0
         self._kind = None
         self._wire = 0
@@ -134,6 +138,7 @@ class Assembler:
         self._key = None
         self._root = _EMPTY
         self._text = None
+        return None if partial is _EMPTY else partial
 
     def feed(self, frame: bytes) -> Message | None:
         """Take one frame; return the message it completes, if any. ``FrameError`` if it breaks
@@ -279,7 +284,7 @@ class Assembler:
             self._text = text
 
     def _op_abort(self, message: dict[str, Any]) -> None:
-        self.reset()
+        self.dropped = self.reset()
 
     def _op_end(self, message: dict[str, Any]) -> Message:
         if self._stack or self._root is _EMPTY:

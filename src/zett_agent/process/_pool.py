@@ -50,6 +50,7 @@ from ._errors import (
     ProtocolError,
     WorkerCrashed,
 )
+from ._graveyard import Graveyard
 from ._job import JobStatus, ProcessJob
 from ._limits import ProcessLimits, check_limits
 from ._linux import linux_problem
@@ -196,6 +197,7 @@ class ProcessPool:
         self._replace_timer: asyncio.TimerHandle | None = None
         self._health_timer: asyncio.TimerHandle | None = None
         self._launchers_gone: asyncio.Event | None = None
+        self._graveyard: Graveyard | None = None
         #: worker pid -> when its exit was seen, while its launcher owes the exit report
         self._reports_owed: dict[int, float] = {}
         #: resolved when the last worker is buried (close() waits on it)
@@ -286,6 +288,7 @@ class ProcessPool:
             raise ProcessError(f"cannot contain worker processes: {exc}") from exc
         self._loop = loop
         self._containment = containment
+        self._graveyard = Graveyard(loop)
         self._launchers_gone = asyncio.Event()
         self._started = True
         _raise_fd_limit(2 * self.max_workers + 2 * self.spare_workers + 64)
@@ -376,6 +379,8 @@ class ProcessPool:
             self._bury(worker, force=True)
         assert self._containment is not None
         self._containment.close()
+        if self._graveyard is not None:
+            self._graveyard.close()
 
     async def _workers_buried(self) -> None:
         while self._workers:
@@ -545,6 +550,7 @@ class ProcessPool:
             lambda: self._on_frame(worker),
             lambda: self._on_eof(worker),
             lambda reason: self._protocol_error(worker, reason),
+            self._graveyard.bury if self._graveyard is not None else lambda value: None,
         )
         self._workers[pid] = worker
         loop.add_reader(tree.pidfd, self._on_worker_exited, worker)
@@ -594,8 +600,13 @@ class ProcessPool:
             if job._held + assembling > budget or job._events_full:
                 channel.pause()  # resumed by _events_consumed
         else:
-            while job._held + assembling > budget and job._drop_oldest():
-                pass
+            while job._held + assembling > budget and (dropped := job._drop_oldest()):
+                self._free(dropped)
+
+    def _free(self, dropped: tuple[Any] | None) -> None:
+        """Free a value the engine gives up on without stalling the loop (``Graveyard``)."""
+        if dropped is not None and self._graveyard is not None:
+            self._graveyard.bury(dropped[0])
 
     def _events_consumed(self, job: ProcessJob) -> None:
         worker = self._busy.get(job)

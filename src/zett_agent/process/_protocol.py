@@ -47,8 +47,8 @@ __all__ = [
 
 HEADER = struct.Struct(">I")
 
-#: largest JSON frame a worker may send: decoding one costs at most ~1.5 ms on a slow core
-CHUNK = 1 << 16
+#: largest JSON frame a worker may send: decoding one costs at most about a millisecond
+CHUNK = 1 << 15
 #: largest text frame (raw UTF-8 of part of a string)
 TEXT_SLICE = 1 << 20
 #: deepest nesting of containers in a value
