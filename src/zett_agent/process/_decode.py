@@ -24,7 +24,7 @@ _KINDS = ("event", "result", "error")
 _EMPTY = object()
 
 
-def json_cost(frame: bytes) -> int:
+def json_cost(frame: bytes | bytearray) -> int:
     """Upper bound of the bytes the values decoded from a JSON frame take."""
     structure = frame.count(b"{") + frame.count(b"[") + frame.count(b",") + frame.count(b":")
     return len(frame) + 64 * structure + 256
@@ -74,7 +74,7 @@ class _Text:
                 raise FrameError(f"a text announcement is malformed: {exc}") from None
         self.length = length
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | bytearray) -> None:
         self.left -= len(data)
         if self.left < 0:
             raise FrameError("a text frame runs past the announced size")
@@ -140,7 +140,7 @@ class Assembler:
         self._text = None
         return None if partial is _EMPTY else partial
 
-    def feed(self, frame: bytes) -> Message | None:
+    def feed(self, frame: bytes | bytearray) -> Message | None:
         """Take one frame; return the message it completes, if any. ``FrameError`` if it breaks
         the protocol."""
         if self._text is not None:
@@ -164,7 +164,9 @@ class Assembler:
 
     # -- whole messages ---------------------------------------------------------------------
 
-    def _whole(self, kind: str, message: dict[str, Any], frame: bytes) -> Message | None:
+    def _whole(
+        self, kind: str, message: dict[str, Any], frame: bytes | bytearray
+    ) -> Message | None:
         if kind == "begin":
             mode = message.get("m")
             if mode not in ("event", "result"):
@@ -191,7 +193,7 @@ class Assembler:
 
     # -- streamed messages ------------------------------------------------------------------
 
-    def _count(self, frame: bytes) -> None:
+    def _count(self, frame: bytes | bytearray) -> None:
         self._wire += len(frame)
         if self._wire > self.max_bytes:
             self._too_big()

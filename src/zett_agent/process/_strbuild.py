@@ -64,7 +64,7 @@ class StrBuilder:
         #: whether a character that needs the full width was seen (canonical form)
         self._wide_seen = ascii or length == 0
 
-    def add_utf8(self, data: bytes) -> None:
+    def add_utf8(self, data: bytes | bytearray) -> None:
         """Append the characters of ``data`` (UTF-8; lone surrogates allowed)."""
         if self._ascii:
             if not data.isascii():
@@ -85,7 +85,11 @@ class StrBuilder:
             raw = piece.encode(_CODEC[self._kind], "surrogatepass")
         if self._filled + count > self._length:
             raise ValueError("the slices hold more characters than announced")
-        ctypes.memmove(self._base + self._filled * self._kind, raw, len(raw))
+        if isinstance(raw, bytearray):
+            source: Any = (ctypes.c_char * len(raw)).from_buffer(raw)
+        else:
+            source = raw
+        ctypes.memmove(self._base + self._filled * self._kind, source, len(raw))
         self._filled += count
 
     def finish(self) -> str:
