@@ -47,6 +47,8 @@ class Tree:
     wd: int | None = None
     killing: bool = False
     dead: bool = False
+    #: the worker process itself exited (its pidfd became readable)
+    exited: bool = False
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -57,6 +59,9 @@ class Containment(abc.ABC):
     mode: str
     #: whether a tree counts as dead only once the launcher also reported the worker's exit
     needs_exit_report: bool
+    #: whether a worker that answered its last job may be left to exit on its own for a moment
+    #: before it is killed (where a kill costs more than waiting for the exit)
+    lets_workers_exit: bool = False
     #: ProcessLimits fields this pool can enforce tree-wide
     tree_limits: frozenset[str] = frozenset()
 
@@ -195,11 +200,19 @@ class CgroupContainment(Containment):
             assert tree.cgroup is not None
             if not _cgroup.kill(tree.cgroup):
                 self._dead(tree)  # already removed: empty
-                continue
-            self._watch(tree)
+            elif tree.exited:
+                self._watch(tree)
+            # else the worker's pidfd reports its death, and ``recheck`` looks then: usually
+            # the whole tree is gone by that time, and no inotify watch is needed (adding and
+            # removing one costs the loop several hundred microseconds)
 
     def _watch(self, tree: Tree) -> None:
+        """Dead now if the cgroup is empty; else when inotify says it emptied."""
         assert self._inotify is not None and tree.cgroup is not None
+        if not _cgroup.populated(tree.cgroup):
+            self._unwatch(tree)
+            self._dead(tree)
+            return
         if tree.wd is None:
             try:
                 tree.wd = self._inotify.add_watch(f"{tree.cgroup}/cgroup.events")
@@ -279,10 +292,8 @@ class CgroupContainment(Containment):
             done()
 
     def recheck(self, tree: Tree) -> None:
-        cgroup = tree.cgroup
-        if tree.killing and not tree.dead and cgroup is not None and not _cgroup.populated(cgroup):
-            self._unwatch(tree)
-            self._dead(tree)
+        if tree.killing and not tree.dead:
+            self._watch(tree)  # dead at once if it is empty, else when it empties
 
     def forget(self, tree: Tree) -> None:
         self._unwatch(tree)
@@ -308,6 +319,7 @@ class CgroupContainment(Containment):
 class ScanContainment(Containment):
     mode = "scan"
     needs_exit_report = True
+    lets_workers_exit = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -332,7 +344,18 @@ class ScanContainment(Containment):
             raise AssertionError("tree-wide limits reached a scan-containment pool")
 
     def kill(self, trees: Iterable[Tree]) -> None:
-        batch = [tree for tree in trees if not tree.dead and not tree.killing]
+        batch = []
+        for tree in trees:
+            if tree.dead or tree.killing:
+                continue
+            if tree.exited:
+                # nothing left for the host to find under a dead root: what it left was
+                # reparented to the launcher, whose orphan sweep (reported with the worker's
+                # exit, which this containment waits for) kills it
+                tree.killing = True
+                self._dead(tree)
+            else:
+                batch.append(tree)
         if not batch:
             return
         for tree in batch:

@@ -70,6 +70,9 @@ _EOF_GRACE = 1.0
 #: longest delay of the fork that replaces a spare which just took a job, while another spare
 #: is still ready (see ``_top_up``)
 _REPLACE_DELAY = 0.005
+#: how long a worker that answered its last job may take to exit on its own before it is
+#: killed (under containments where waiting is cheaper than a kill)
+_EXIT_GRACE = 0.1
 #: a launcher that owes an answer is looked at after this long: replaced at once if stopped
 _LAUNCHER_CHECK = 0.25
 #: ... and replaced anyway when it owes one for this long
@@ -646,6 +649,17 @@ class ProcessPool:
                 self._request({"op": "sweep"})
             # a used worker goes first: its jobs left it warm, and spares stay untouched
             self._idle.appendleft(worker)
+        elif (
+            self._containment.lets_workers_exit
+            and worker.last
+            and worker.exited_at is None
+            and not self._closed
+        ):
+            # it exits on its own right after its last answer (its leftovers are the
+            # launcher's to sweep); one that does not within _EXIT_GRACE is killed
+            assert self._loop is not None
+            worker.to(WorkerState.ENDING)
+            worker.set_timer("exit", self._loop.call_later(_EXIT_GRACE, self._end, worker))
         else:
             # nothing it or its job started may outlive the answer
             self._end(worker)
@@ -722,6 +736,7 @@ class ProcessPool:
                 worker.to(WorkerState.ENDING)
             worker.cancel_timer("timeout")
             worker.cancel_timer("term")
+            worker.cancel_timer("exit")
             job = worker.job
             # a killed job's later frames do not matter; a crashed one's may hold its answer
             if worker.channel is not None and (job is None or job._kill_reason is not None):
@@ -738,6 +753,7 @@ class ProcessPool:
         assert loop is not None
         loop.remove_reader(worker.tree.pidfd)
         worker.exited_at = time.monotonic()
+        worker.tree.exited = True
         if not worker.orphaned and worker.launcher is self._launcher:
             # its parent reaps it and reports: a launcher that does not is found out
             self._reports_owed[worker.pid] = worker.exited_at
