@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +69,6 @@ async def grown(path: Path, count: int) -> None:
 async def all_dead(path: Path, within: float = BOUND) -> None:
     """Return as soon as every recorded process is dead; fail naming the survivors."""
     await until(lambda: not survivors(path), within, f"all dead: {survivors(path)}")
-
-
-@pytest.fixture
-def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    path = str(tmp_path / "sibling")
-    os.mkfifo(path)
-    keep = os.open(path, os.O_RDWR)  # held open: the sibling's open() never blocks
-    yield path, keep
-    os.close(keep)
 
 
 @contextlib.asynccontextmanager

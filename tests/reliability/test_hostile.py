@@ -10,7 +10,7 @@ import json
 import os
 import pickle
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +81,6 @@ class Sibling:
         os.write(self.keep, b"unharmed\n")
         async with asyncio.timeout(GUARD):
             assert await self.job == "unharmed"
-
-
-@pytest.fixture
-def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    path = str(tmp_path / "sibling")
-    os.mkfifo(path)
-    keep = os.open(path, os.O_RDWR)  # held open: the sibling's open() never blocks
-    yield path, keep
-    os.close(keep)
 
 
 @contextlib.asynccontextmanager
