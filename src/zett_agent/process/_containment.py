@@ -139,8 +139,9 @@ class CgroupContainment(Containment):
         self._pool: _cgroup.PoolCgroup | None = None
         self._inotify: Inotify | None = None
         self._watched: dict[int, Tree] = {}
-        #: (launcher pidfd, done) of a lost launcher being killed
-        self._lost: list[tuple[int, Callable[[], None]]] = []
+        #: what to call once a lost launcher's workers are all dead, and the watch for that
+        self._lost: list[Callable[[], None]] = []
+        self._lost_wd: int | None = None
         self._stale_timer: asyncio.TimerHandle | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -279,16 +280,20 @@ class CgroupContainment(Containment):
         _cgroup.kill(self._pool.launcher)
         _cgroup.kill(self._pool.workers)
         self.kill(trees)
-        self._lost.append((os.dup(pidfd), done))
-        with contextlib.suppress(OSError):
-            self._inotify.add_watch(f"{self._pool.workers}/cgroup.events")
+        self._lost.append(done)
+        if self._lost_wd is None:
+            with contextlib.suppress(OSError):
+                self._lost_wd = self._inotify.add_watch(f"{self._pool.workers}/cgroup.events")
         if not _cgroup.populated(self._pool.workers):
             self._finish_lost()
 
     def _finish_lost(self) -> None:
+        """Every process the lost launcher started is gone: a new one may start."""
+        if self._lost_wd is not None and self._inotify is not None:
+            self._inotify.rm_watch(self._lost_wd)
+            self._lost_wd = None
         lost, self._lost = self._lost, []
-        for pidfd, done in lost:
-            os.close(pidfd)
+        for done in lost:
             done()
 
     def recheck(self, tree: Tree) -> None:

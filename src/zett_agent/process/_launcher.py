@@ -264,7 +264,10 @@ class _Launcher:
         if self.workers_cg is not None:
             return
         while True:
-            alive = self._live_children() - set(self.workers)
+            # only children that are not workers are looked at (a sweep per worker exit must
+            # not cost a /proc read per live worker)
+            orphans = _scan.children(self.pid) - set(self.workers)
+            alive = {p for p in orphans if (found := _scan.state(p)) and found[1] != "Z"}
             if not alive:
                 break
             _scan.wait_dead(_scan.freeze_and_kill(alive, exclude=self.workers), timeout=1.0)
