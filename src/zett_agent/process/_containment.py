@@ -49,6 +49,8 @@ class Tree:
     dead: bool = False
     #: the worker process itself exited (its pidfd became readable)
     exited: bool = False
+    #: ``cgroup.threads`` kept open once the worker is reused (read again with ``pread``)
+    threads_fd: int = -1
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -113,9 +115,10 @@ class Containment(abc.ABC):
 
     def forget(self, tree: Tree) -> None:
         """The worker is buried: release what is held for it."""
-        if tree.pidfd >= 0:
-            os.close(tree.pidfd)
-            tree.pidfd = -1
+        for fd in (tree.pidfd, tree.threads_fd):
+            if fd >= 0:
+                os.close(fd)
+        tree.pidfd = tree.threads_fd = -1
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -255,10 +258,14 @@ class CgroupContainment(Containment):
     def is_clean(self, tree: Tree) -> bool:
         assert tree.cgroup is not None
         try:
-            threads = _cgroup.read(f"{tree.cgroup}/cgroup.threads").split()
+            if tree.threads_fd < 0:
+                tree.threads_fd = os.open(
+                    f"{tree.cgroup}/cgroup.threads", os.O_RDONLY | os.O_CLOEXEC
+                )
+            threads = os.pread(tree.threads_fd, 4096, 0).split()
         except OSError:
             return False
-        return threads == [str(tree.pid)]
+        return threads == [str(tree.pid).encode()]
 
     def cpu_seconds(self, tree: Tree) -> float | None:
         if tree.cgroup is None:
@@ -302,6 +309,9 @@ class CgroupContainment(Containment):
 
     def forget(self, tree: Tree) -> None:
         self._unwatch(tree)
+        if tree.threads_fd >= 0:
+            os.close(tree.threads_fd)  # before the cgroup is removed
+            tree.threads_fd = -1
         if tree.dead and tree.cgroup is not None:
             # removed here, not by the launcher: the host watches it until it is empty
             _cgroup.remove_tree(tree.cgroup)

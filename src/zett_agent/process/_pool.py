@@ -612,7 +612,7 @@ class ProcessPool:
                 # a job may have switched the subreaper flag off and double-forked: such an
                 # orphan was reparented to the launcher, which kills it in its sweep
                 assert self._supervisor is not None
-                self._supervisor.request({"op": "sweep"})
+                self._supervisor.sweep_if_orphans(self._workers.keys())
             # a used worker goes first: its jobs left it warm, and spares stay untouched
             self._idle.appendleft(worker)
         elif (

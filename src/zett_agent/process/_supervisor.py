@@ -16,8 +16,10 @@ import contextlib
 import os
 import time
 from collections import deque
+from collections.abc import Container
 from typing import Any, Protocol
 
+from . import _scan
 from ._control import LauncherHandle
 from ._errors import ProcessError
 
@@ -154,6 +156,17 @@ class LauncherSupervisor:
             self._loop.add_writer(launcher.sock.fileno(), self._flush, launcher)
         self._expect()
         return True
+
+    def sweep_if_orphans(self, workers: Container[int]) -> None:
+        """Ask the launcher for an orphan sweep if it has a child that is not one of
+        ``workers`` (scan containment, after a reused worker's job: a job that switched its
+        subreaper flag off and double-forked left such an orphan). Its children are read from
+        /proc: the common case costs no message and no wake-up."""
+        launcher = self.current
+        if launcher is not None and any(
+            pid not in workers for pid in _scan.children(launcher.pid)
+        ):
+            self.request({"op": "sweep"})
 
     def owe_report(self, launcher: LauncherHandle, pid: int, since: float) -> None:
         """Worker ``pid`` of ``launcher`` died: its exit report is owed."""
@@ -297,4 +310,3 @@ class LauncherSupervisor:
         finally:
             self._replacing = None
         self._owner.on_ready()
-

@@ -208,8 +208,12 @@ def _clean_up() -> bool:
     Best effort, in the job's own process: the parent checks independently (a job can lie).
     Never blocks in a wait on a process it did not kill.
     """
-    if len(os.listdir("/proc/self/task")) > 1:
+    if threading.active_count() > 1:
         return False  # a thread of the job still runs here: it would run into the next job
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # the common case, in one system call: no child at all
     kids = _scan.children(os.getpid())
     if kids:
         _scan.wait_dead(_scan.freeze_and_kill(kids), timeout=1.0)
