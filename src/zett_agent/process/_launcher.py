@@ -154,7 +154,7 @@ class _Launcher:
             elif op == "shutdown":
                 self.stopping = True
                 self.host_gone = False
-            if "seq" in message:
+            if "seq" in message:  # a spawn is answered by its workers, the rest by "ok"
                 self.send({"op": "ok", "seq": message["seq"]})
 
     # -- workers ----------------------------------------------------------------------------

@@ -91,6 +91,8 @@ class LauncherSupervisor:
         self._restarts: deque[float] = deque()
         #: worker pid -> since when its exit report is owed
         self._reports_owed: dict[int, float] = {}
+        #: since when each worker asked for and not delivered yet is owed, oldest first
+        self._spawns_owed: deque[float] = deque()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -148,11 +150,22 @@ class LauncherSupervisor:
     # -- requests and what is owed ----------------------------------------------------------
 
     def request(self, message: dict[str, Any]) -> bool:
-        """Send a request to the current launcher; False if there is none right now."""
+        """Send a request to the current launcher; False if there is none right now.
+
+        A request is answered by an ``ok`` record, except ``spawn``, answered by the workers
+        it asks for (one ``worker`` or ``spawn_failed`` record each): an ``ok`` per spawn would
+        cost the launcher and this loop one more wake-up per job.
+        """
         launcher = self.current
         if launcher is None:
             return False
-        if launcher.request(message):
+        if message.get("op") == "spawn":
+            now = time.monotonic()
+            self._spawns_owed.extend([now] * int(message["n"]))
+            queued = launcher.send(message)
+        else:
+            queued = launcher.request(message)
+        if queued:
             self._loop.add_writer(launcher.sock.fileno(), self._flush, launcher)
         self._expect()
         return True
@@ -188,6 +201,8 @@ class LauncherSupervisor:
         if launcher is None:
             return None
         times = list(self._reports_owed.values())
+        if self._spawns_owed:
+            times.append(self._spawns_owed[0])
         overdue = launcher.overdue()
         if overdue is not None:
             times.append(overdue)
@@ -221,6 +236,8 @@ class LauncherSupervisor:
 
     def _handle(self, launcher: LauncherHandle, message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
+        if op in ("worker", "spawn_failed") and launcher is self.current and self._spawns_owed:
+            self._spawns_owed.popleft()
         if op == "worker":
             self._owner.on_worker(launcher, message, fds)
             return
@@ -282,6 +299,7 @@ class LauncherSupervisor:
             return
         self.current = None
         self._reports_owed.clear()
+        self._spawns_owed.clear()
         now = time.monotonic()
         self._restarts.append(now)
         while self._restarts and now - self._restarts[0] > RESTART_WINDOW:
