@@ -95,6 +95,8 @@ async def test_limits_of_another_type_are_refused_at_submit() -> None:
         ({"kill_grace": -1}, ValueError, "kill_grace"),
         ({"preload": "json"}, TypeError, "module names"),
         ({"containment": "none"}, ValueError, "containment"),
+        ({"nice": 20}, ValueError, "nice"),
+        ({"nice": 1.5}, TypeError, "nice"),
     ],
 )
 def test_pool_options_are_checked_at_construction(

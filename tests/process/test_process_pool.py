@@ -314,3 +314,8 @@ def test_plain_pickle_only_where_cloudpickle_would_pickle_by_reference() -> None
         assert _pickle_by_reference((os.getpid, ({"f": from_main},), {}, None)) is None
     finally:
         del main._zett_from_main  # type: ignore[attr-defined]
+
+
+async def test_workers_start_at_the_pools_niceness() -> None:
+    async with ProcessPool(1, nice=7) as pool:
+        assert await pool.submit(_jobs.niceness) == os.nice(0) + 7

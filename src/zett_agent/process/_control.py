@@ -31,7 +31,12 @@ class LauncherHandle:
     """
 
     def __init__(
-        self, *, preload: tuple[str, ...], max_frame_bytes: int, cgroups: dict[str, str]
+        self,
+        *,
+        preload: tuple[str, ...],
+        max_frame_bytes: int,
+        cgroups: dict[str, str],
+        nice: int = 0,
     ) -> None:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_fd = child_sock.fileno()
@@ -49,6 +54,7 @@ class LauncherHandle:
                 str(max_frame_bytes),
                 json.dumps(list(preload)),
                 json.dumps(cgroups),
+                str(nice),
             ]
             self.pid = os.posix_spawn(
                 sys.executable,

@@ -121,6 +121,9 @@ class ProcessPool:
       into many times its size; the bound counts the decoded size).
     - ``kill_grace``: default seconds between SIGTERM and SIGKILL when a job is killed.
     - ``preload``: modules imported once in the launcher, so forked workers start warm.
+    - ``nice``: added to every worker's niceness as it is forked, before it runs anything
+      (0 to 19; default 0): CPU-heavy jobs then never compete with the host's event loop for
+      a core, not even while they unpickle and start.
     - ``containment``: how job trees are contained and killed: ``"cgroup"`` (a cgroup v2 per
       worker: kills are atomic, nothing can fork or double-fork out of them; needs a writable
       cgroup v2 hierarchy and Linux 5.14), ``"scan"`` (freezes found by walking ``/proc``, and
@@ -148,6 +151,7 @@ class ProcessPool:
         kill_grace: float = 0.0,
         preload: Sequence[str] = (),
         containment: str = "auto",
+        nice: int = 0,
     ) -> None:
         # set first: __del__ must work on a pool whose constructor failed
         self._started = False
@@ -173,6 +177,7 @@ class ProcessPool:
         if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
             raise TypeError("ProcessPool(preload=...) takes a sequence of module names (str)")
         self.preload = tuple(preload)
+        self.nice = _count("nice", nice, 0, 19)
         if containment not in _CONTAINMENTS:
             raise ValueError(
                 f"ProcessPool(containment=...) must be one of {', '.join(_CONTAINMENTS)}, got "
@@ -289,6 +294,7 @@ class ProcessPool:
             preload=self.preload,
             max_frame_bytes=self.max_frame_bytes,
             cgroups=containment.launcher_args(),
+            nice=self.nice,
         )
         self._started = True
         _raise_fd_limit(2 * self.max_workers + 2 * self.spare_workers + 64)

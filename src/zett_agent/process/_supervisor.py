@@ -71,12 +71,14 @@ class LauncherSupervisor:
         preload: tuple[str, ...],
         max_frame_bytes: int,
         cgroups: dict[str, str],
+        nice: int = 0,
     ) -> None:
         self._loop = loop
         self._owner = owner
         self._preload = preload
         self._max_frame_bytes = max_frame_bytes
         self._cgroups = cgroups
+        self._nice = nice
         #: the launcher jobs are given to; None while it is being replaced
         self.current: LauncherHandle | None = None
         #: every launcher not reaped yet
@@ -101,7 +103,10 @@ class LauncherSupervisor:
         naming why, or did not answer within ``START_TIMEOUT``); on any error or cancellation
         the launcher is killed (and reaped when it exits)."""
         launcher = LauncherHandle(
-            preload=self._preload, max_frame_bytes=self._max_frame_bytes, cgroups=self._cgroups
+            preload=self._preload,
+            max_frame_bytes=self._max_frame_bytes,
+            cgroups=self._cgroups,
+            nice=self._nice,
         )
         self.current = launcher
         self.handles.add(launcher)
