@@ -20,10 +20,10 @@ class InProcessSubAgentExtension(AsyncSubAgentExtension):
 
     ``InProcessRunner(copy=False)``: children share the definition's objects, the cheapest
     in-process design (no pickling), so the baseline is not slowed by what processes need.
-    ``max_processes`` / ``max_workers`` options are dropped: there are no processes.
+    ``max_children`` / ``max_workers`` options are dropped: there are no processes.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        for option in ("max_processes", "max_workers", "pool", "kill_grace"):
+        for option in ("max_children", "max_workers", "pool", "kill_grace"):
             kwargs.pop(option, None)
         super().__init__(*args, runner=InProcessRunner(copy=False), **kwargs)

@@ -561,7 +561,7 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
                 "burner", AnnouncingChild(ann.path, [("burn", {"rounds": rounds})]), [BURN]
             )
             warm = profile("warm", AnnouncingChild(ann.path))
-            options = {"max_concurrent": k, "max_processes": k}
+            options = {"max_concurrent": k, "max_children": k}
             async with contextlib.AsyncExitStack() as stack:
                 extensions = {
                     v: await stack.enter_async_context(make_extension(v, [burner, warm], **options))
@@ -670,7 +670,7 @@ async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[floa
                     extension = make_extension("in-process", [remote], max_concurrent=n)
                 else:
                     preload = None if variant == "process" else ()
-                    runner = ProcessRunner(max_processes=n, preload=preload)
+                    runner = ProcessRunner(max_children=n, preload=preload)
                     extension = AsyncSubAgentExtension([remote], max_concurrent=n, runner=runner)
                 async with extension:
                     # a request with no task boots the pool (with its preload) before the clock
@@ -698,7 +698,11 @@ async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[floa
                     await run_parent(extension, Timing(), steps)
                     last = begin
                     for _ in range(n):
-                        last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
+                        try:
+                            last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
+                        except TimeoutError:
+                            states = [(t.status.value, t.error) for t in extension.tasks("parent")]
+                            raise RuntimeError(f"{variant}: stuck: {states[:5]}") from None
                     results[variant]["time"].append(last - begin)
                     tasks = extension.tasks("parent")
                     if variant == "in-process":

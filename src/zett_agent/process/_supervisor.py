@@ -1,12 +1,13 @@
 """The pool's launcher, supervised: started, talked to, watched, replaced when it fails.
 
 A job can stop or kill its own parent, the launcher; so the launcher is never trusted to
-answer. Every request it gets, and the exit report of every worker that died, is owed within
-``DEADLINE``; 0.25 s after something became owed the launcher is looked at, and replaced at
-once if it is seen stopped, or once the deadline passed. A launcher that exits is replaced too.
-Replacing is the pool's business (it kills what the lost launcher started, through its
-containment, then calls ``replace``); this class keeps the policy: a pool gives up after
-``MAX_RESTARTS`` replacements within ``RESTART_WINDOW`` seconds.
+answer. Every request it gets (a worker for each one asked for), and the exit report of every
+worker that died, is owed; 0.25 s after something became owed the launcher is looked at, and
+replaced at once if it is seen stopped, or once it said nothing for ``DEADLINE`` seconds while
+something was owed (a launcher busy with a long batch of forks keeps talking). A launcher
+that exits is replaced too. Replacing is the pool's business (it kills what the lost launcher
+started, through its containment, then calls ``replace``); this class keeps the policy: a pool
+gives up after ``MAX_RESTARTS`` replacements within ``RESTART_WINDOW`` seconds.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class LauncherSupervisor:
         self._reports_owed: dict[int, float] = {}
         #: since when each worker asked for and not delivered yet is owed, oldest first
         self._spawns_owed: deque[float] = deque()
+        #: when the current launcher last said anything (it makes progress while it does)
+        self._heard = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -211,7 +214,9 @@ class LauncherSupervisor:
         overdue = launcher.overdue()
         if overdue is not None:
             times.append(overdue)
-        return min(times) if times else None
+        # a launcher busy with a long batch (a hundred forks on a loaded machine) still makes
+        # progress: only silence while something is owed counts
+        return max(min(times), self._heard) if times else None
 
     def _check(self) -> None:
         self._health = None
@@ -229,6 +234,8 @@ class LauncherSupervisor:
     # -- what the launcher says -------------------------------------------------------------
 
     def _on_control(self, launcher: LauncherHandle) -> None:
+        if launcher is self.current:
+            self._heard = time.monotonic()
         for _ in range(64):
             try:
                 received = launcher.receive()
