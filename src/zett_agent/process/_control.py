@@ -164,6 +164,17 @@ class LauncherHandle:
         found = _scan.state(self.pid)
         return found is None or found[1] in "TtZXx"
 
+    def cpu_ticks(self) -> int:
+        """CPU time the launcher used so far, in clock ticks (-1 if it is gone): a launcher
+        that uses CPU is working, even when it is slow to answer."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return -1
+        fields = data[data.rfind(b")") + 2 :].split()
+        return int(fields[11]) + int(fields[12]) if len(fields) > 12 else -1
+
     def try_reap(self) -> bool:
         """Reap the launcher if it exited (call when ``pidfd`` is readable)."""
         if self.returncode is not None:

@@ -4,7 +4,8 @@ A job can stop or kill its own parent, the launcher; so the launcher is never tr
 answer. Every request it gets (a worker for each one asked for), and the exit report of every
 worker that died, is owed; 0.25 s after something became owed the launcher is looked at, and
 replaced at once if it is seen stopped, or once it said nothing for ``DEADLINE`` seconds while
-something was owed (a launcher busy with a long batch of forks keeps talking). A launcher
+something was owed and used no CPU since the last look (a launcher busy with a long batch of
+forks, or slowed by a loaded machine, keeps talking or at least working). A launcher
 that exits is replaced too. Replacing is the pool's business (it kills what the lost launcher
 started, through its containment, then calls ``replace``); this class keeps the policy: a pool
 gives up after ``MAX_RESTARTS`` replacements within ``RESTART_WINDOW`` seconds.
@@ -98,6 +99,8 @@ class LauncherSupervisor:
         self._spawns_owed: deque[float] = deque()
         #: when the current launcher last said anything (it makes progress while it does)
         self._heard = 0.0
+        #: its CPU time at the last look (it is working while that grows)
+        self._ticks = -1
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -224,9 +227,11 @@ class LauncherSupervisor:
         if launcher is None or since is None or self.closing:
             return
         waited = time.monotonic() - since
+        ticks = launcher.cpu_ticks()
+        working, self._ticks = ticks != self._ticks, ticks
         if launcher.stopped():
             self._lose(launcher, "it was stopped (SIGSTOP) and stopped answering")
-        elif waited > DEADLINE:
+        elif waited > DEADLINE and not working:
             self._lose(launcher, f"it did not answer for {waited:.1f} s")
         else:
             self._expect()
