@@ -33,7 +33,7 @@ from zett_agent.process import (
 )
 
 from . import _attacks, _jobs
-from ._helpers import GUARD, first_event, outcome, until
+from ._helpers import GUARD, alive, first_event, outcome, until
 
 #: every process of a job must be dead this long after its result, cancel or timeout
 BOUND = 2.0
@@ -458,7 +458,7 @@ async def test_a_host_killed_while_a_tree_grows_leaves_nothing(
     await host.wait()
     # the launcher (orphaned, adopted here) killed every tree and exited
     await all_dead(record, within=1.0 + BOUND)
-    await until(lambda: not _alive(launcher), BOUND, "the launcher gone")
+    await until(lambda: not alive(launcher), BOUND, "the launcher gone")
     reap_adopted()
     if containment == "cgroup":
         # the dead host's cgroups are removed by the next pool that starts
@@ -469,10 +469,3 @@ async def test_a_host_killed_while_a_tree_grows_leaves_nothing(
                 GUARD,
                 "the dead host's cgroups removed",
             )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

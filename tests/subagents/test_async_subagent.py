@@ -27,6 +27,7 @@ from _subagent_models import (
     call,
 )
 
+from _liveness import alive
 from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
@@ -74,10 +75,7 @@ def worker(
 
 
 def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    return not alive(pid)
 
 
 async def run_parent(

@@ -59,6 +59,12 @@ def _usage(message: dict[str, Any]) -> tuple[float, int]:
     return float(cpu), peak
 
 
+def _canonical_width(text: str) -> int:
+    """Bytes per character of a non-ASCII ``str`` (without the C API: from its widest one)."""
+    code = ord(max(text))
+    return 1 if code < 0x100 else 2 if code < 0x10000 else 4
+
+
 class _Text:
     """A string arriving in text frames."""
 
@@ -73,6 +79,8 @@ class _Text:
             except ValueError as exc:
                 raise FrameError(f"a text announcement is malformed: {exc}") from None
         self.length = length
+        self.kind = kind
+        self.ascii = ascii
 
     def add(self, data: bytes | bytearray) -> None:
         self.left -= len(data)
@@ -81,6 +89,10 @@ class _Text:
         try:
             if self.builder is not None:
                 self.builder.add_utf8(data)
+            elif self.ascii and not data.isascii():
+                raise FrameError(
+                    "a text frame is not valid UTF-8 (a non-ASCII byte in an ASCII text)"
+                )
             else:
                 self.pieces.append(str(data, "utf-8", "surrogatepass"))
         except UnicodeDecodeError as exc:
@@ -97,6 +109,8 @@ class _Text:
         text = "".join(self.pieces)
         if len(text) != self.length:
             raise FrameError(f"a text of {len(text)} characters, {self.length} announced")
+        if self.kind != (1 if text.isascii() else _canonical_width(text)):
+            raise FrameError("a text does not match its announcement: another character width")
         return text
 
 

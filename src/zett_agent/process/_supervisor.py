@@ -187,9 +187,7 @@ class LauncherSupervisor:
         subreaper flag off and double-forked left such an orphan). Its children are read from
         /proc: the common case costs no message and no wake-up."""
         launcher = self.current
-        if launcher is not None and any(
-            pid not in workers for pid in _scan.children(launcher.pid)
-        ):
+        if launcher is not None and any(pid not in workers for pid in _scan.children(launcher.pid)):
             self.request({"op": "sweep"})
 
     def owe_report(self, launcher: LauncherHandle, pid: int, since: float) -> None:
