@@ -43,3 +43,22 @@ def spin_emit() -> None:
     emit(os.getpid())
     while True:
         pass
+
+
+def wait_forever() -> None:
+    """A child waiting on I/O, as a child agent waiting on its model does."""
+    import time
+
+    emit("up")
+    time.sleep(3600)
+
+
+def amplify(items: int) -> Any:
+    """About 3 bytes of JSON per item that decode into about 70 bytes each: ``[{}, {}, ...]``."""
+    return [{}] * items
+
+
+def emit_amplified(items: int, count: int) -> str:
+    for _ in range(count):
+        emit([{}] * items)
+    return "emitted"

@@ -1,6 +1,8 @@
 """Benchmark of ``zett_agent.process`` side by side with the peers, in one run.
 
     uv run --group bench python benchmarks/bench_process.py [--quick]
+    uv run --group bench python benchmarks/bench_process.py --scale [--sizes 100,300,1000]
+    uv run --group bench python benchmarks/bench_process.py --amplify
 
 Prints one table per measurement with the ratio of every engine to ours (for times: peer / ours,
 so > 1 means we are faster; for rates: ours / peer). Peers: stdlib ``ProcessPoolExecutor``,
@@ -18,6 +20,18 @@ What is measured (all on 2 workers):
 - loop stall: p99 of one event-loop iteration while 200 jobs start, emit 20 events each, end;
 - large result: MB/s of a 32 MiB string result, next to a raw pipe moving the same bytes;
 - idle memory: unique memory (USS) of one idle worker process.
+
+Ours runs under both containment strategies where the machine has cgroup v2 ("zett fresh" is
+the default, cgroup here; "zett fresh/scan" the /proc fallback).
+
+``--scale`` measures how the engine grows with N children that wait on I/O (as child agents
+waiting on a model do): time until all N run, a cancel of all N at once, ``close()`` with N
+running, and unique memory per running child, for each containment strategy.
+
+``--amplify`` replays the red team's amplification: a 60 MB JSON result that decodes into
+~1.5 GiB, and four unread events of 20 MiB of such JSON; it prints the parent's RSS growth and
+the longest event-loop stall meanwhile (the default ``max_buffered_bytes`` of 256 MiB bounds
+what a job can make the parent hold).
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psutil
@@ -46,7 +60,17 @@ BIG = 32 * 1024 * 1024
 # Job functions live in an importable module, so every pool (ours included) sends them by
 # reference, as a library's functions would be; functions defined in ``__main__`` travel by
 # value in zett_agent (its children never re-run the host's ``__main__``), which costs more.
-from _bench_jobs import big_result, burn, noop, spin_emit, spin_report, streamer  # noqa: E402
+from _bench_jobs import (  # noqa: E402
+    amplify,
+    big_result,
+    burn,
+    emit_amplified,
+    noop,
+    spin_emit,
+    spin_report,
+    streamer,
+    wait_forever,
+)
 
 #: imported once in our launcher, so a fresh worker does not import it per job (what the
 #: ``preload`` option is for); the peers' long-lived workers import it once each
@@ -106,10 +130,12 @@ Result = dict[str, Any]
 # -- ours ------------------------------------------------------------------------------------
 
 
-async def _ours(reuse: bool, n: int, quick: bool) -> Result:
+async def _ours(reuse: bool, n: int, quick: bool, containment: str = "auto") -> Result:
     res: Result = {}
     jobs_per_worker = 1_000_000 if reuse else 1
-    async with ProcessPool(WORKERS, max_jobs_per_worker=jobs_per_worker, preload=JOBS) as pool:
+    async with ProcessPool(
+        WORKERS, max_jobs_per_worker=jobs_per_worker, preload=JOBS, containment=containment
+    ) as pool:
         for _ in range(20):
             await pool.submit(noop)
         lat = []
@@ -416,16 +442,121 @@ def ms(value: float) -> str:
     return f"{value * 1e3:8.3f}"
 
 
+# -- scale -----------------------------------------------------------------------------------
+
+
+async def _all_up(jobs: list[Any]) -> None:
+    async def up(job: Any) -> None:
+        async for _event in job.events():
+            return
+
+    await asyncio.gather(*(up(job) for job in jobs))
+
+
+async def _scale(size: int, containment: str) -> Result:
+    res: Result = {}
+    async with ProcessPool(size, spare_workers=2, containment=containment, preload=JOBS) as pool:
+        await pool.submit(noop)
+        t = time.perf_counter()
+        jobs = [pool.submit(wait_forever) for _ in range(size)]
+        await _all_up(jobs)
+        res["start"] = time.perf_counter() - t
+        pids = [job.pid for job in jobs]
+        uss = 0.0
+        for pid in pids:
+            with suppress(psutil.Error):
+                uss += psutil.Process(pid).memory_full_info().uss
+        res["uss"] = uss / len(pids) / 2**20
+        t = time.perf_counter()
+        await asyncio.gather(*(job.cancel() for job in jobs))
+        res["cancel"] = time.perf_counter() - t
+        jobs = [pool.submit(wait_forever) for _ in range(size)]
+        await _all_up(jobs)
+        t = time.perf_counter()
+    await pool.close()
+    res["close"] = time.perf_counter() - t
+    return res
+
+
+def scale(sizes: list[int]) -> None:
+    print(f"\nscale: N children waiting on I/O, {os.cpu_count()} CPUs")
+    print(
+        f"  {'containment':<12}{'N':>6}{'all running':>14}{'cancel all':>13}{'close':>10}"
+        f"{'USS/child':>12}"
+    )
+    for containment in ("cgroup", "scan"):
+        for size in sizes:
+            try:
+                res = asyncio.run(_scale(size, containment))
+            except Exception as exc:
+                print(f"  {containment:<12}{size:>6}  failed: {type(exc).__name__}: {exc}")
+                continue
+            print(
+                f"  {containment:<12}{size:>6}{res['start']:>12.2f} s{res['cancel']:>11.2f} s"
+                f"{res['close']:>8.2f} s{res['uss']:>8.2f} MiB"
+            )
+
+
+# -- amplification ---------------------------------------------------------------------------
+
+
+async def _watch(job: Any) -> tuple[int, float]:
+    """Peak RSS growth of this process and longest loop iteration while ``job`` runs."""
+    me = psutil.Process()
+    base = peak = me.memory_info().rss
+    stall, last = 0.0, time.perf_counter()
+    while not job.done():
+        await asyncio.sleep(0.001)
+        now = time.perf_counter()
+        stall = max(stall, now - last - 0.001)
+        last = now
+        peak = max(peak, me.memory_info().rss)
+    return peak - base, stall
+
+
+async def _amplify() -> None:
+    async with ProcessPool(1, preload=JOBS) as pool:
+        print("\namplification: JSON that decodes into far more than its size")
+        job = pool.submit(amplify, 20 * 2**20)
+        grew, stall = await _watch(job)
+        error = job.exception()
+        print(f"  a 60 MB result of [{{}}] * 20Mi: {type(error).__name__}: {error}")
+        print(
+            f"    parent RSS grew by at most {grew / 2**20:.0f} MiB, longest loop stall "
+            f"{stall * 1e3:.1f} ms"
+        )
+        job = pool.submit(emit_amplified, 7 * 2**20, 4)
+        grew, stall = await _watch(job)
+        print(
+            f"  four unread 20 MB events of the same: {job.status.name}, "
+            f"{job.dropped_events} dropped, {job._held / 2**20:.0f} MiB held"
+        )
+        print(
+            f"    parent RSS grew by at most {grew / 2**20:.0f} MiB, longest loop stall "
+            f"{stall * 1e3:.1f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (~30 s)")
+    parser.add_argument("--scale", action="store_true", help="only the scale table")
+    parser.add_argument("--sizes", default="100,300,1000", help="children for --scale")
+    parser.add_argument("--amplify", action="store_true", help="only the amplification case")
     args = parser.parse_args()
+    if args.scale:
+        scale([int(size) for size in args.sizes.split(",")])
+        return
+    if args.amplify:
+        asyncio.run(_amplify())
+        return
     quick = args.quick
     n = 150 if quick else 1000
 
     results: dict[str, Result] = {}
     results["zett (fresh)"] = asyncio.run(_ours(False, n, quick))
     results["zett (reused)"] = asyncio.run(_ours(True, n, quick))
+    results["zett fresh/scan"] = asyncio.run(_ours(False, n, quick, "scan"))
     try:
         import uvloop
 

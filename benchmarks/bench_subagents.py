@@ -733,7 +733,11 @@ async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[floa
                     await run_parent(extension, Timing(), steps)
                     last = begin
                     for _ in range(n):
-                        last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
+                        try:
+                            last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
+                        except TimeoutError:
+                            states = [(t.status.value, t.error) for t in extension.tasks("parent")]
+                            raise RuntimeError(f"{variant}: stuck: {states[:5]}") from None
                     results[variant]["time"].append(last - begin)
                     tasks = extension.tasks("parent")
                     if variant == "in-process":

@@ -14,6 +14,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import psutil
 import pytest
@@ -65,6 +66,17 @@ def _descendants() -> list[psutil.Process]:
 
 
 _NO_CGROUP = cgroup_problem()
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A FIFO a sibling job blocks on until the test writes a line, held open here so the
+    job's ``open()`` never blocks: ``(path, fd to write to)``."""
+    path = str(tmp_path / "sibling")
+    os.mkfifo(path)
+    keep = os.open(path, os.O_RDWR)
+    yield path, keep
+    os.close(keep)
 
 
 @pytest.fixture(params=["cgroup", "scan"])

@@ -31,6 +31,8 @@ import psutil
 import pytest
 import uvloop
 
+from _liveness import alive
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "_examples"
 HANG_GUARD = 60.0
 #: The issue's bound for /health while a child spins: p99 under 50 ms.
@@ -286,7 +288,7 @@ async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_proce
         # uvicorn re-raises the signal it caught once it has shut down cleanly.
         assert server.process.returncode in (0, -signal.SIGTERM), "\n".join(server.log)
         assert any("Application shutdown complete" in line for line in server.log), server.log
-        alive = [pid for pid in pidfds if psutil.pid_exists(pid) and _not_zombie(pid)]
+        alive = [pid for pid in pidfds if psutil.pid_exists(pid) and alive(pid)]
         assert not alive, f"processes of the server's tree outlived SIGTERM: {alive}"
 
     if p99(baseline) >= HEALTH_P99_BOUND / 2:
@@ -299,10 +301,3 @@ async def test_health_stays_fast_while_a_child_spins_and_sigterm_leaves_no_proce
         f"/health p99 {p99(latencies) * 1000:.1f} ms over {len(latencies)} requests while a "
         f"child spun ({describe(latencies)}; a bare uvicorn app: {describe(baseline)})"
     )
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
+from _liveness import alive
 from zett_agent.process import ProcessJob
+
+__all__ = ["GUARD", "alive", "first_event", "outcome", "until"]
 
 #: hang guard for anything a test awaits; outcomes arrive in milliseconds
 GUARD = 10.0
@@ -22,19 +23,12 @@ async def first_event(job: ProcessJob) -> Any:
     raise AssertionError(f"{job!r} ended without an event")
 
 
-async def outcome(job: ProcessJob) -> BaseException | None:
-    """Wait for a job's end and return its error (None if it completed)."""
-    async with asyncio.timeout(GUARD):
+async def outcome(job: ProcessJob, within: float = GUARD) -> BaseException | None:
+    """Wait for a job's end and return its error (None if it completed); ``within`` is a hang
+    guard, longer for a job that must use CPU time (slow in wall time on a loaded machine)."""
+    async with asyncio.timeout(within):
         await job.wait()
     return job.exception()
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (non-zombie) process."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 async def until(condition: Callable[[], bool], within: float = GUARD, what: str = "") -> None:

@@ -228,3 +228,7 @@ def fork_many(n: int) -> int:
             time.sleep(600)
             os._exit(0)
     return n
+
+
+def niceness() -> int:
+    return os.nice(0)

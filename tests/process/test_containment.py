@@ -10,8 +10,9 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from zett_agent.process import (
 )
 
 from . import _attacks, _jobs
-from ._helpers import GUARD, first_event, outcome, until
+from ._helpers import GUARD, alive, first_event, outcome, until
 
 #: every process of a job must be dead this long after its result, cancel or timeout
 BOUND = 2.0
@@ -68,15 +69,6 @@ async def grown(path: Path, count: int) -> None:
 async def all_dead(path: Path, within: float = BOUND) -> None:
     """Return as soon as every recorded process is dead; fail naming the survivors."""
     await until(lambda: not survivors(path), within, f"all dead: {survivors(path)}")
-
-
-@pytest.fixture
-def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    path = str(tmp_path / "sibling")
-    os.mkfifo(path)
-    keep = os.open(path, os.O_RDWR)  # held open: the sibling's open() never blocks
-    yield path, keep
-    os.close(keep)
 
 
 @contextlib.asynccontextmanager
@@ -422,3 +414,58 @@ def test_report_helper_parses_records(tmp_path: Path) -> None:
     _attacks.record(str(record))
     assert survivors(record) == [(os.getpid(), record.read_text().split()[1])]
     assert json.loads("[]") == []
+
+
+# -- 2. the host dies while a tree grows ------------------------------------------------------
+
+HOST = """
+import asyncio, os, sys
+sys.path.insert(0, sys.argv[3])
+import cloudpickle, _attacks
+cloudpickle.register_pickle_by_value(_attacks)
+from zett_agent.process import ProcessPool
+
+async def main():
+    async with ProcessPool(2, containment=sys.argv[1]) as pool:
+        job = pool.submit(_attacks.growing_tree, sys.argv[2], 9, 2)
+        async for _event in job.events():
+            break
+        print(pool._launcher.pid, flush=True)
+        await job
+
+asyncio.run(main())
+"""
+
+
+async def test_a_host_killed_while_a_tree_grows_leaves_nothing(
+    containment: str, tmp_path: Path
+) -> None:
+    record = tmp_path / "tree"
+    host = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOST,
+        containment,
+        str(record),
+        str(Path(__file__).parent),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert host.stdout is not None
+    async with asyncio.timeout(GUARD * 2):
+        launcher = int(await host.stdout.readline())
+    await grown(record, 40)
+    host.kill()  # SIGKILL, while the tree grows
+    await host.wait()
+    # the launcher (orphaned, adopted here) killed every tree and exited
+    await all_dead(record, within=1.0 + BOUND)
+    await until(lambda: not alive(launcher), BOUND, "the launcher gone")
+    reap_adopted()
+    if containment == "cgroup":
+        # the dead host's cgroups are removed by the next pool that starts
+        async with ProcessPool(1, containment="cgroup") as pool:
+            base = os.path.dirname(pool._containment.path)  # type: ignore[union-attr]
+            await until(
+                lambda: not [n for n in os.listdir(base) if n.startswith(f"pool-{host.pid}-")],
+                GUARD,
+                "the dead host's cgroups removed",
+            )

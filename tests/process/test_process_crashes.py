@@ -7,8 +7,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,16 +23,6 @@ from zett_agent.process._protocol import HEADER
 
 from . import _jobs
 from ._helpers import GUARD, alive, first_event, outcome
-
-
-@pytest.fixture
-def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A FIFO the sibling job blocks on, held open so the job's open() never blocks."""
-    path = str(tmp_path / "go")
-    os.mkfifo(path)
-    keep = os.open(path, os.O_RDWR)
-    yield path, keep
-    os.close(keep)
 
 
 def _frame(payload: bytes) -> bytes:
@@ -97,7 +86,7 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], Any]] = {
     "oversized JSON frame": (
         _jobs.write_garbage,
         (_frame(b'{"k":"event","v":"' + b"x" * (1 << 17) + b'"}'),),
-        _check_protocol("at most 65536"),
+        _check_protocol("at most 32768"),
     ),
 }
 

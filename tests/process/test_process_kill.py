@@ -128,7 +128,7 @@ async def test_memory_limit(containment: str) -> None:
 async def test_cpu_limit(containment: str) -> None:
     async with ProcessPool(1, containment=containment) as pool:
         job = pool.submit(_jobs.spin, limits=ProcessLimits(cpu_seconds=1))
-        error = await outcome(job)
+        error = await outcome(job, within=6 * GUARD)
         assert isinstance(error, LimitExceeded), error
         assert error.limit == "cpu_seconds" and error.value == 1
         # the kernel enforces RLIMIT_CPU on tick-sampled CPU time, and reports the precise

@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,18 +249,18 @@ async def test_a_spare_that_took_a_job_is_replaced() -> None:
 async def first_worker_message(pool: ProcessPool) -> None:
     """Return once the launcher handed the pool a new worker."""
     arrived = asyncio.get_running_loop().create_future()
-    handle = pool._handle_control
+    handle = pool.on_worker
 
-    def spy(launcher: object, message: dict[str, object], fds: list[int]) -> None:
-        handle(launcher, message, fds)  # type: ignore[arg-type]
-        if message.get("op") == "worker" and not arrived.done():
+    def spy(launcher: Any, message: dict[str, Any], fds: list[int]) -> None:
+        handle(launcher, message, fds)
+        if not arrived.done():
             arrived.set_result(None)
 
-    pool._handle_control = spy  # type: ignore[method-assign]
+    pool.on_worker = spy  # type: ignore[method-assign]
     try:
         await arrived
     finally:
-        del pool._handle_control
+        del pool.on_worker
 
 
 async def test_a_forked_copy_of_the_job_never_answers() -> None:
@@ -313,3 +314,8 @@ def test_plain_pickle_only_where_cloudpickle_would_pickle_by_reference() -> None
         assert _pickle_by_reference((os.getpid, ({"f": from_main},), {}, None)) is None
     finally:
         del main._zett_from_main  # type: ignore[attr-defined]
+
+
+async def test_workers_start_at_the_pools_niceness() -> None:
+    async with ProcessPool(1, nice=7) as pool:
+        assert await pool.submit(_jobs.niceness) == os.nice(0) + 7

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zett_agent.process import _strbuild
 from zett_agent.process._decode import Assembler, json_cost
 from zett_agent.process._encode import Encoder, check_value
-from zett_agent.process._protocol import HEADER, FrameDecoder, FrameError, decode_json
+from zett_agent.process._protocol import CHUNK, HEADER, FrameDecoder, FrameError, decode_json
 
 CAP = 4096
 
@@ -91,7 +92,7 @@ def round_trip(kind: str, value: Any, **sizes: int) -> tuple[Any, list[bytes]]:
     frames: list[bytes] = []
     usage = {"cpu": 0.5, "maxrss": 1024} if kind == "result" else None
     Encoder(frames.append, 1 << 24, **sizes).message(kind, value, usage)
-    assembler = Assembler(1 << 24, chunk=sizes.get("chunk", 1 << 16))
+    assembler = Assembler(1 << 24, chunk=sizes.get("chunk", CHUNK))
     done = None
     for i, frame in enumerate(frames):
         message = assembler.feed(frame)
@@ -220,14 +221,21 @@ def test_any_frame_sequence_gives_messages_or_a_frame_error(frames: list[bytes])
 
 
 def test_amplifying_json_is_counted_at_no_less_than_its_decoded_size() -> None:
-    for text in ("[" + ",".join(["{}"] * 20_000) + "]", "[" + ",".join(["[]"] * 20_000) + "]"):
+    for text in ("[" + ",".join(["{}"] * 10_000) + "]", "[" + ",".join(["[]"] * 10_000) + "]"):
         frame = ('{"k":"event","v":' + text + "}").encode()
         value = decode_json(frame)["v"]
         decoded = sys.getsizeof(value) + sum(sys.getsizeof(item) for item in value)
         assert json_cost(frame) >= decoded
 
 
-def test_text_frames_must_match_their_announcement() -> None:
+@pytest.mark.parametrize("builder", [True, False], ids=["built-in-place", "joined"])
+def test_text_frames_must_match_their_announcement(
+    builder: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # both ways a text is put together check it the same way (the joined one where the C API
+    # cannot be reached)
+    monkeypatch.setattr(_strbuild, "available", builder and _strbuild.available)
+
     def feed(*frames: bytes) -> None:
         assembler = Assembler(1 << 20)
         for frame in frames:
@@ -238,7 +246,23 @@ def test_text_frames_must_match_their_announcement() -> None:
         feed(begin, b'{"k":"text","n":2,"c":2,"w":1,"a":true}', b"\xc3\xa9")
     with pytest.raises(FrameError, match="announcement"):
         feed(begin, b'{"k":"text","n":2,"c":1,"w":2,"a":false}', b"\xc3\xa9")  # too narrow
+    with pytest.raises(FrameError, match="announcement"):
+        feed(begin, b'{"k":"text","n":4,"c":2,"w":2,"a":false}', b"\xc3\xa9\xc3\xa9")
     with pytest.raises(FrameError, match="past the announced"):
         feed(begin, b'{"k":"text","n":1,"c":1,"w":1,"a":true}', b"ab")
     with pytest.raises(FrameError, match="malformed text"):
         feed(begin, b'{"k":"text","n":1,"c":5,"w":1,"a":true}')
+
+
+def test_the_width_of_a_string_is_its_storage_width() -> None:
+    # one-character strings may be shared singletons whose size includes a cached UTF-8 copy
+    for text, expected in [
+        ("\xe9", 1),
+        ("\xe9\xe9", 1),
+        (str(b"\xc3\xa9", "utf-8"), 1),
+        ("\u0100", 2),
+        ("a\u4e2d", 2),
+        ("\U0001f600", 4),
+        ("x\U0010ffff", 4),
+    ]:
+        assert _strbuild.width(text) == expected, text

@@ -10,7 +10,7 @@ import json
 import os
 import pickle
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import psutil
 import pytest
 from _reliability_children import call
 
+from _liveness import alive
 from _scripted_models import StepModel, ToolsThenAnswer, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
@@ -53,14 +54,7 @@ def gone(pids: list[int]) -> list[int]:
     """The pids of ``pids`` still alive. A zombie is dead: its parent (the worker, or the
     launcher, a subreaper) reaps it moments later; a cancel does not wait for that, since it
     must not depend on the launcher answering."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
+    return [pid for pid in pids if alive(pid)]
 
 
 class Sibling:
@@ -81,15 +75,6 @@ class Sibling:
         os.write(self.keep, b"unharmed\n")
         async with asyncio.timeout(GUARD):
             assert await self.job == "unharmed"
-
-
-@pytest.fixture
-def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    path = str(tmp_path / "sibling")
-    os.mkfifo(path)
-    keep = os.open(path, os.O_RDWR)  # held open: the sibling's open() never blocks
-    yield path, keep
-    os.close(keep)
 
 
 @contextlib.asynccontextmanager

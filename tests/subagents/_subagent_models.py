@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import hashlib
+import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -87,6 +88,21 @@ BURN = AgentTool(
     _burn,
 )
 WHOAMI = AgentTool("whoami", "Return the pid.", {"type": "object", "properties": {}}, _whoami)
+
+
+def _burn_timed(seconds: float) -> str:
+    """Burn CPU; return when it started and ended (wall clock), as JSON."""
+    start = time.time()
+    _burn(seconds)
+    return json.dumps({"start": start, "end": time.time()})
+
+
+BURN_TIMED = AgentTool(
+    "burn",
+    "Burn CPU, say when.",
+    {"type": "object", "properties": {"seconds": {"type": "number"}}},
+    _burn_timed,
+)
 
 
 def _report_progress() -> str:

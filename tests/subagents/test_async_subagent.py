@@ -9,14 +9,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 import pytest
 from _subagent_models import (
-    BURN,
+    BURN_TIMED,
     HOG,
     PROGRESS,
     SEGFAULT,
@@ -28,6 +27,7 @@ from _subagent_models import (
     call,
 )
 
+from _liveness import alive
 from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
@@ -75,10 +75,7 @@ def worker(
 
 
 def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    return not alive(pid)
 
 
 async def run_parent(
@@ -460,35 +457,27 @@ async def test_crash_and_memory_limit_fail_cleanly_while_a_sibling_completes() -
     assert "memory" in (tasks["hog"].error or "")
 
 
-async def test_two_cpu_bound_children_run_in_parallel() -> None:
+async def test_two_cpu_bound_children_run_at_the_same_time() -> None:
+    # how much faster the pair is on 2 cores is a speed target, measured in
+    # benchmarks/bench_subagents.py; here: each child's CPU burn overlaps the other's
     seconds = 0.8
     child = ChildModel("{last}", tools=[("burn", {"seconds": seconds})])
-
-    async def run_children(count: int) -> tuple[float, float]:
-        starts = AssistantMessage(
-            tool_calls=tuple(
-                call(
-                    "task_start", subagent_type="worker", description=f"burn {i}", prompt="p"
-                ).tool_calls[0]
-                for i in range(count)
-            )
+    starts = AssistantMessage(
+        tool_calls=tuple(
+            call(
+                "task_start", subagent_type="worker", description=f"burn {i}", prompt="p"
+            ).tool_calls[0]
+            for i in range(2)
         )
-        async with AsyncSubAgentExtension([worker(child, tools=(BURN,))]) as extension:
-            await run_parent(extension, [final()])  # boots the pool outside the measurement
-            begin = time.monotonic()
-            await run_parent(extension, [starts, final()])
-            tasks = [await extension.wait(t, HANG_GUARD) for t in extension.tasks("parent")]
-            wall = time.monotonic() - begin
-        assert [t.status for t in tasks] == [SubAgentTaskStatus.COMPLETED] * count
-        return wall, sum(t.cpu_seconds for t in tasks)
-
-    # The reference is measured in the same test, so a machine slowed by other work slows both.
-    one_wall, one_cpu = await run_children(1)
-    two_wall, two_cpu = await run_children(2)
-    assert one_cpu >= seconds * 0.9 and two_cpu >= 2 * seconds * 0.9, (one_cpu, two_cpu)
-    sequential = 2 * one_wall  # what running the pair one after the other takes
-    # On 2 cores, in their own processes, the pair takes about half of that.
-    assert two_wall <= 0.7 * sequential, (two_wall, sequential)
+    )
+    async with AsyncSubAgentExtension([worker(child, tools=(BURN_TIMED,))]) as extension:
+        await run_parent(extension, [starts, final()])
+        tasks = [await extension.wait(t, HANG_GUARD) for t in extension.tasks("parent")]
+    assert [t.status for t in tasks] == [SubAgentTaskStatus.COMPLETED] * 2
+    assert all(t.cpu_seconds >= seconds * 0.9 for t in tasks), [t.cpu_seconds for t in tasks]
+    first, second = (json.loads(t.output or "") for t in tasks)
+    # neither ran after the other had finished: they ran at once, each in its own process
+    assert first["start"] < second["end"] and second["start"] < first["end"], (first, second)
 
 
 class TerseNotices(SignallingExtension):

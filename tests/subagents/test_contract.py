@@ -22,6 +22,7 @@ import pytest
 from _contract_children import AnnounceAndBlock, Orchestrator, metrics
 from _subagent_models import BlockingModel, ChildModel, GateModel, call
 
+from _liveness import alive
 from _reaping import reap_adopted
 from _scripted_models import StepModel, last_json, tool_results
 from zett_agent.agent import Agent, AgentRunConfig
@@ -73,10 +74,7 @@ def notices(request: ModelRequest) -> list[str]:
 
 
 def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    return not alive(pid)
 
 
 class Beacons:

@@ -6,10 +6,10 @@ import asyncio
 import os
 from pathlib import Path
 
-import psutil
 import pytest
 from _subagent_models import SEGFAULT, WHOAMI, ChildModel, call
 
+from _liveness import alive
 from _scripted_models import StepModel, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
@@ -146,6 +146,4 @@ async def test_cancelling_the_parent_request_kills_the_foreground_child(tmp_path
             with pytest.raises(asyncio.CancelledError):
                 await run
             # The cancellation propagated only after the child's process was gone.
-            assert (
-                not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            )
+            assert not alive(pid)

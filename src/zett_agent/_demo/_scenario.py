@@ -15,12 +15,13 @@ from typing import Any
 
 from zett_agent._demo._models import DemoChildModel, DemoParentModel
 from zett_agent._demo._work import BLOCK_BYTES, CRASH_TOOL, HASH_TOOL, SPIN_TOOL, list_files
-from zett_agent.agent import Agent, AgentRunConfig
+from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTask
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.model import Model
 from zett_agent.process import ProcessLimits
+from zett_agent.runners import ProcessRunner
 from zett_agent.tools import AgentTool
 
 SESSION = "demo"
@@ -149,18 +150,11 @@ CHILD_NICE = 10
 
 
 class DemoExtension(AsyncSubAgentExtension):
-    """The extension, with each child at a lower CPU priority and the cancel latency timed."""
+    """The extension, with the cancel latency timed."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cancel_seconds: list[float] = []
-
-    def _create_child(
-        self, definition: SubAgentDefinition, *, model: Model, session_id: str
-    ) -> Agent:
-        # Runs in the child's process, before its agent is built.
-        os.nice(CHILD_NICE)
-        return super()._create_child(definition, model=model, session_id=session_id)
 
     async def cancel(self, task: SubAgentTask) -> SubAgentTask:
         begin = time.perf_counter()
@@ -250,10 +244,12 @@ async def run_demo(
         definitions(options.model),
         max_concurrent=len(starts),
         max_retained=len(starts),
-        **(
-            {"runner": options.runner}
+        # children at a lower CPU priority from their fork on: the parent, whose loop
+        # supervises them, gets a core first when it wakes up (a Ray child runs on a Ray worker)
+        runner=(
+            options.runner
             if options.runner is not None
-            else {"max_children": len(starts)}
+            else ProcessRunner(max_children=len(starts), nice=CHILD_NICE)
         ),
     )
     tools = (

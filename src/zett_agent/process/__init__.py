@@ -11,15 +11,23 @@
 - Every job runs in a worker process (a fresh one per job by default), forked ahead of demand
   by a per-pool launcher process that never imports the host's ``__main__``.
 - Parent to child: cloudpickle (lambdas, closures, ``__main__`` functions work; an unpicklable
-  job raises ``TypeError`` from ``submit``). Child to parent: JSON only, in length-prefixed
-  frames with a size cap; the parent never unpickles child data.
-- ``cancel()``, timeouts, protocol errors and ``close()`` kill the job's whole process tree
-  (grandchildren and ``setsid`` escapees included) and return only once it is gone. A job
-  never leaves processes behind, even when it ends normally.
+  job raises ``TypeError`` from ``submit``). Child to parent: JSON only, in small frames whose
+  decoded size counts against a per-job budget (``max_buffered_bytes``); the parent never
+  unpickles child data, and data JSON would change (a non-``str`` key) is refused.
+- Containment (``ProcessPool(containment=...)``): a cgroup v2 per worker where the machine
+  allows (kill with ``cgroup.kill``, atomic against forks), else freezes found by walking
+  ``/proc``. ``cancel()``, timeouts, protocol errors and ``close()`` kill the job's whole process
+  tree (grandchildren and ``setsid`` escapees included) from the host, and return only once it
+  exited; a job's processes are killed as soon as its answer arrives.
+- Nothing a job can do to its worker or to the launcher changes what the supervisor does: exit
+  statuses, forged frames, a cleared subreaper flag, a stopped or killed launcher (which is
+  replaced; the jobs it ran fail naming why).
 - Outcomes: the result, or ``JobFailed`` (the job raised), ``WorkerCrashed`` (died),
   ``JobTimeout``, ``LimitExceeded``, ``ProtocolError``, ``JobCancelled``, ``PoolClosed``; all
   subclasses of ``ProcessError``.
 - If the host dies, even by SIGKILL, the launcher kills every worker tree and exits.
+
+Linux 5.3 or newer (pidfds); cgroup containment needs a writable cgroup v2 hierarchy and 5.14.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ._decode import Assembler, Message
 from ._protocol import FrameDecoder, FrameError
@@ -20,7 +21,7 @@ from ._protocol import FrameDecoder, FrameError
 __all__ = ["Channel"]
 
 #: longest stretch of frame handling in one event-loop callback
-_SLICE = 0.003
+_SLICE = 0.002
 _RECV_SIZE = 1 << 18
 
 
@@ -30,7 +31,8 @@ class Channel:
     Callbacks: ``on_message(message)`` for each complete message, ``on_frame()`` after each
     frame (the pool checks budgets there and may ``pause``), ``on_eof()`` once the worker's end
     is closed and every frame before it was handled, ``on_error(reason)`` once for bytes that
-    break the protocol (then the channel stops reading).
+    break the protocol (then the channel stops reading), ``bury(value)`` for a partly built
+    value the channel gives up on, to free it without stalling the loop.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class Channel:
         on_frame: Callable[[], None],
         on_eof: Callable[[], None],
         on_error: Callable[[str], None],
+        bury: Callable[[Any], None] = lambda value: None,
     ) -> None:
         self._loop = loop
         self.sock = sock
@@ -53,6 +56,7 @@ class Channel:
         self._on_frame = on_frame
         self._on_eof = on_eof
         self._on_error = on_error
+        self._bury = bury
         self._reading = False
         self.paused = False
         #: the worker's end is closed (no more bytes will come)
@@ -145,6 +149,9 @@ class Channel:
                         self.start()
                     return
                 message = self.assembler.feed(frame)
+                if self.assembler.dropped is not None:
+                    self._bury(self.assembler.dropped)
+                    self.assembler.dropped = None
             except FrameError as exc:
                 self._fail(str(exc))
                 return
@@ -180,5 +187,5 @@ class Channel:
         if self._outbox is not None:
             self._loop.remove_writer(self.fd)
             self._outbox = None
-        self.assembler.reset()
+        self._bury(self.assembler.reset())
         self.sock.close()

@@ -47,6 +47,10 @@ class Tree:
     wd: int | None = None
     killing: bool = False
     dead: bool = False
+    #: the worker process itself exited (its pidfd became readable)
+    exited: bool = False
+    #: ``cgroup.threads`` kept open once the worker is reused (read again with ``pread``)
+    threads_fd: int = -1
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -57,6 +61,9 @@ class Containment(abc.ABC):
     mode: str
     #: whether a tree counts as dead only once the launcher also reported the worker's exit
     needs_exit_report: bool
+    #: whether a worker that answered its last job may be left to exit on its own for a moment
+    #: before it is killed (where a kill costs more than waiting for the exit)
+    lets_workers_exit: bool = False
     #: ProcessLimits fields this pool can enforce tree-wide
     tree_limits: frozenset[str] = frozenset()
 
@@ -108,9 +115,10 @@ class Containment(abc.ABC):
 
     def forget(self, tree: Tree) -> None:
         """The worker is buried: release what is held for it."""
-        if tree.pidfd >= 0:
-            os.close(tree.pidfd)
-            tree.pidfd = -1
+        for fd in (tree.pidfd, tree.threads_fd):
+            if fd >= 0:
+                os.close(fd)
+        tree.pidfd = tree.threads_fd = -1
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -134,8 +142,9 @@ class CgroupContainment(Containment):
         self._pool: _cgroup.PoolCgroup | None = None
         self._inotify: Inotify | None = None
         self._watched: dict[int, Tree] = {}
-        #: (launcher pidfd, done) of a lost launcher being killed
-        self._lost: list[tuple[int, Callable[[], None]]] = []
+        #: what to call once a lost launcher's workers are all dead, and the watch for that
+        self._lost: list[Callable[[], None]] = []
+        self._lost_wd: int | None = None
         self._stale_timer: asyncio.TimerHandle | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -195,11 +204,19 @@ class CgroupContainment(Containment):
             assert tree.cgroup is not None
             if not _cgroup.kill(tree.cgroup):
                 self._dead(tree)  # already removed: empty
-                continue
-            self._watch(tree)
+            elif tree.exited:
+                self._watch(tree)
+            # else the worker's pidfd reports its death, and ``recheck`` looks then: usually
+            # the whole tree is gone by that time, and no inotify watch is needed (adding and
+            # removing one costs the loop several hundred microseconds)
 
     def _watch(self, tree: Tree) -> None:
+        """Dead now if the cgroup is empty; else when inotify says it emptied."""
         assert self._inotify is not None and tree.cgroup is not None
+        if not _cgroup.populated(tree.cgroup):
+            self._unwatch(tree)
+            self._dead(tree)
+            return
         if tree.wd is None:
             try:
                 tree.wd = self._inotify.add_watch(f"{tree.cgroup}/cgroup.events")
@@ -241,10 +258,14 @@ class CgroupContainment(Containment):
     def is_clean(self, tree: Tree) -> bool:
         assert tree.cgroup is not None
         try:
-            threads = _cgroup.read(f"{tree.cgroup}/cgroup.threads").split()
+            if tree.threads_fd < 0:
+                tree.threads_fd = os.open(
+                    f"{tree.cgroup}/cgroup.threads", os.O_RDONLY | os.O_CLOEXEC
+                )
+            threads = os.pread(tree.threads_fd, 4096, 0).split()
         except OSError:
             return False
-        return threads == [str(tree.pid)]
+        return threads == [str(tree.pid).encode()]
 
     def cpu_seconds(self, tree: Tree) -> float | None:
         if tree.cgroup is None:
@@ -266,26 +287,31 @@ class CgroupContainment(Containment):
         _cgroup.kill(self._pool.launcher)
         _cgroup.kill(self._pool.workers)
         self.kill(trees)
-        self._lost.append((os.dup(pidfd), done))
-        with contextlib.suppress(OSError):
-            self._inotify.add_watch(f"{self._pool.workers}/cgroup.events")
+        self._lost.append(done)
+        if self._lost_wd is None:
+            with contextlib.suppress(OSError):
+                self._lost_wd = self._inotify.add_watch(f"{self._pool.workers}/cgroup.events")
         if not _cgroup.populated(self._pool.workers):
             self._finish_lost()
 
     def _finish_lost(self) -> None:
+        """Every process the lost launcher started is gone: a new one may start."""
+        if self._lost_wd is not None and self._inotify is not None:
+            self._inotify.rm_watch(self._lost_wd)
+            self._lost_wd = None
         lost, self._lost = self._lost, []
-        for pidfd, done in lost:
-            os.close(pidfd)
+        for done in lost:
             done()
 
     def recheck(self, tree: Tree) -> None:
-        cgroup = tree.cgroup
-        if tree.killing and not tree.dead and cgroup is not None and not _cgroup.populated(cgroup):
-            self._unwatch(tree)
-            self._dead(tree)
+        if tree.killing and not tree.dead:
+            self._watch(tree)  # dead at once if it is empty, else when it empties
 
     def forget(self, tree: Tree) -> None:
         self._unwatch(tree)
+        if tree.threads_fd >= 0:
+            os.close(tree.threads_fd)  # before the cgroup is removed
+            tree.threads_fd = -1
         if tree.dead and tree.cgroup is not None:
             # removed here, not by the launcher: the host watches it until it is empty
             _cgroup.remove_tree(tree.cgroup)
@@ -308,6 +334,7 @@ class CgroupContainment(Containment):
 class ScanContainment(Containment):
     mode = "scan"
     needs_exit_report = True
+    lets_workers_exit = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -332,7 +359,18 @@ class ScanContainment(Containment):
             raise AssertionError("tree-wide limits reached a scan-containment pool")
 
     def kill(self, trees: Iterable[Tree]) -> None:
-        batch = [tree for tree in trees if not tree.dead and not tree.killing]
+        batch = []
+        for tree in trees:
+            if tree.dead or tree.killing:
+                continue
+            if tree.exited:
+                # nothing left for the host to find under a dead root: what it left was
+                # reparented to the launcher, whose orphan sweep (reported with the worker's
+                # exit, which this containment waits for) kills it
+                tree.killing = True
+                self._dead(tree)
+            else:
+                batch.append(tree)
         if not batch:
             return
         for tree in batch:

@@ -31,7 +31,12 @@ class LauncherHandle:
     """
 
     def __init__(
-        self, *, preload: tuple[str, ...], max_frame_bytes: int, cgroups: dict[str, str]
+        self,
+        *,
+        preload: tuple[str, ...],
+        max_frame_bytes: int,
+        cgroups: dict[str, str],
+        nice: int = 0,
     ) -> None:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_fd = child_sock.fileno()
@@ -49,6 +54,7 @@ class LauncherHandle:
                 str(max_frame_bytes),
                 json.dumps(list(preload)),
                 json.dumps(cgroups),
+                str(nice),
             ]
             self.pid = os.posix_spawn(
                 sys.executable,
@@ -157,6 +163,17 @@ class LauncherHandle:
         """Whether the launcher is stopped (SIGSTOP) or traced, or already dead."""
         found = _scan.state(self.pid)
         return found is None or found[1] in "TtZXx"
+
+    def cpu_ticks(self) -> int:
+        """CPU time the launcher used so far, in clock ticks (-1 if it is gone): a launcher
+        that uses CPU is working, even when it is slow to answer."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return -1
+        fields = data[data.rfind(b")") + 2 :].split()
+        return int(fields[11]) + int(fields[12]) if len(fields) > 12 else -1
 
     def try_reap(self) -> bool:
         """Reap the launcher if it exited (call when ``pidfd`` is readable)."""

@@ -24,7 +24,7 @@ _KINDS = ("event", "result", "error")
 _EMPTY = object()
 
 
-def json_cost(frame: bytes) -> int:
+def json_cost(frame: bytes | bytearray) -> int:
     """Upper bound of the bytes the values decoded from a JSON frame take."""
     structure = frame.count(b"{") + frame.count(b"[") + frame.count(b",") + frame.count(b":")
     return len(frame) + 64 * structure + 256
@@ -59,6 +59,12 @@ def _usage(message: dict[str, Any]) -> tuple[float, int]:
     return float(cpu), peak
 
 
+def _canonical_width(text: str) -> int:
+    """Bytes per character of a non-ASCII ``str`` (without the C API: from its widest one)."""
+    code = ord(max(text))
+    return 1 if code < 0x100 else 2 if code < 0x10000 else 4
+
+
 class _Text:
     """A string arriving in text frames."""
 
@@ -73,14 +79,20 @@ class _Text:
             except ValueError as exc:
                 raise FrameError(f"a text announcement is malformed: {exc}") from None
         self.length = length
+        self.kind = kind
+        self.ascii = ascii
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | bytearray) -> None:
         self.left -= len(data)
         if self.left < 0:
             raise FrameError("a text frame runs past the announced size")
         try:
             if self.builder is not None:
                 self.builder.add_utf8(data)
+            elif self.ascii and not data.isascii():
+                raise FrameError(
+                    "a text frame is not valid UTF-8 (a non-ASCII byte in an ASCII text)"
+                )
             else:
                 self.pieces.append(str(data, "utf-8", "surrogatepass"))
         except UnicodeDecodeError as exc:
@@ -97,6 +109,8 @@ class _Text:
         text = "".join(self.pieces)
         if len(text) != self.length:
             raise FrameError(f"a text of {len(text)} characters, {self.length} announced")
+        if self.kind != (1 if text.isascii() else _canonical_width(text)):
+            raise FrameError("a text does not match its announcement: another character width")
         return text
 
 
@@ -108,6 +122,8 @@ class Assembler:
         self._chunk = chunk
         #: upper bound of the memory held by the message being assembled
         self.held = 0
+        #: what an aborted message had built, for the caller to free (then set to None)
+        self.dropped: Any = None
         self._kind: str | None = None
         self._wire = 0
         self._stack: list[Any] = []
@@ -125,8 +141,10 @@ class Assembler:
         """Whether the next frame is raw text."""
         return self._text is not None
 
-    def reset(self) -> None:
-        """Forget the message being assembled."""
+    def reset(self) -> Any:
+        """Forget the message being assembled; return what was built of it (``None`` if
+        nothing), for the caller to free (``Graveyard``)."""
+        partial = self._stack[0] if self._stack else self._root
         self.held = 0
         self._kind = None
         self._wire = 0
@@ -134,8 +152,9 @@ class Assembler:
         self._key = None
         self._root = _EMPTY
         self._text = None
+        return None if partial is _EMPTY else partial
 
-    def feed(self, frame: bytes) -> Message | None:
+    def feed(self, frame: bytes | bytearray) -> Message | None:
         """Take one frame; return the message it completes, if any. ``FrameError`` if it breaks
         the protocol."""
         if self._text is not None:
@@ -159,7 +178,9 @@ class Assembler:
 
     # -- whole messages ---------------------------------------------------------------------
 
-    def _whole(self, kind: str, message: dict[str, Any], frame: bytes) -> Message | None:
+    def _whole(
+        self, kind: str, message: dict[str, Any], frame: bytes | bytearray
+    ) -> Message | None:
         if kind == "begin":
             mode = message.get("m")
             if mode not in ("event", "result"):
@@ -186,7 +207,7 @@ class Assembler:
 
     # -- streamed messages ------------------------------------------------------------------
 
-    def _count(self, frame: bytes) -> None:
+    def _count(self, frame: bytes | bytearray) -> None:
         self._wire += len(frame)
         if self._wire > self.max_bytes:
             self._too_big()
@@ -279,7 +300,7 @@ class Assembler:
             self._text = text
 
     def _op_abort(self, message: dict[str, Any]) -> None:
-        self.reset()
+        self.dropped = self.reset()
 
     def _op_end(self, message: dict[str, Any]) -> Message:
         if self._stack or self._root is _EMPTY:

@@ -17,7 +17,7 @@ Imported by the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._protocol import CHUNK, MAX_DEPTH, TEXT_SLICE
@@ -30,6 +30,8 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 TEXT_MIN = 1 << 14
 #: a container with at most this many entries is tried whole before it is streamed
 _SMALL_CONTAINER = 64
+#: characters of an ASCII text encoded at a time (see ``Encoder._text``)
+_ASCII_PIECE = 1 << 16
 
 _SCALARS = (str, int, float, type(None))
 
@@ -140,8 +142,11 @@ class Encoder:
         chunk: int = CHUNK,
         text_slice: int = TEXT_SLICE,
         text_min: int = TEXT_MIN,
+        send_parts: Callable[[int, Iterable[bytes]], None] | None = None,
     ) -> None:
         self._send = send
+        #: sends one frame of the given size made of the given parts (default: joined)
+        self._send_parts = send_parts or (lambda size, parts: send(b"".join(parts)))
         self._max = max_bytes
         self._chunk = chunk
         self._text_slice = text_slice
@@ -297,10 +302,17 @@ class Encoder:
         kind = 1 if ascii else _width(text)
         self._frame({"k": "text", "n": size, "c": len(text), "w": kind, "a": ascii})
         if slices is None:
-            # ASCII: encoded one slice at a time, never a second whole copy in memory
+            # ASCII: each frame encoded in pieces below malloc's mmap threshold (128 KiB), so
+            # the pieces reuse the same, already touched, heap memory each time: encoding a
+            # whole frame at once writes to fresh pages, which costs more than the copy itself
             step = self._text_slice
             for start in range(0, len(text), step):
-                self._send(text[start : start + step].encode("ascii"))
+                end = min(start + step, len(text))
+                pieces = (
+                    text[at : min(at + _ASCII_PIECE, end)].encode("ascii")
+                    for at in range(start, end, _ASCII_PIECE)
+                )
+                self._send_parts(end - start, pieces)
         else:
             for piece in slices:
                 self._send(piece)

@@ -263,17 +263,18 @@ class ProcessJob:
         self._events.append((value, cost))
         self._held += cost
         if len(self._events) > self._max_events and not self._consumer:
-            self._drop_oldest()
+            self._pool._free(self._drop_oldest())
         self._wake_consumer()
 
-    def _drop_oldest(self) -> bool:
-        """Forget the oldest buffered event (nobody reads them); False if there is none."""
+    def _drop_oldest(self) -> tuple[Any] | None:
+        """Forget the oldest buffered event (nobody reads them); return it in a 1-tuple for
+        the caller to free, or ``None`` if there is none."""
         if not self._events:
-            return False
-        _value, cost = self._events.popleft()
+            return None
+        value, cost = self._events.popleft()
         self._held -= cost
         self.dropped_events += 1
-        return True
+        return (value,)
 
     @property
     def _events_full(self) -> bool:

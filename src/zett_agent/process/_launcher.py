@@ -59,9 +59,13 @@ def _noop(signum: int, frame: object) -> None:
 
 
 class _Launcher:
-    def __init__(self, ctrl: socket.socket, max_frame_bytes: int, cgroups: dict[str, str]) -> None:
+    def __init__(
+        self, ctrl: socket.socket, max_frame_bytes: int, cgroups: dict[str, str], nice: int = 0
+    ) -> None:
         self.ctrl = ctrl
         self.max_frame_bytes = max_frame_bytes
+        #: added to each worker's niceness as it is forked, before it runs anything
+        self.nice = nice
         #: ``{"workers": path}`` under cgroup containment, empty under scan containment
         self.workers_cg = cgroups.get("workers")
         self.pid = os.getpid()
@@ -154,7 +158,7 @@ class _Launcher:
             elif op == "shutdown":
                 self.stopping = True
                 self.host_gone = False
-            if "seq" in message:
+            if "seq" in message:  # a spawn is answered by its workers, the rest by "ok"
                 self.send({"op": "ok", "seq": message["seq"]})
 
     # -- workers ----------------------------------------------------------------------------
@@ -183,6 +187,8 @@ class _Launcher:
             code = 70
             try:
                 host_end.close()
+                if self.nice:
+                    os.nice(self.nice)
                 self._forget_in_child()
                 from . import _worker
 
@@ -264,7 +270,10 @@ class _Launcher:
         if self.workers_cg is not None:
             return
         while True:
-            alive = self._live_children() - set(self.workers)
+            # only children that are not workers are looked at (a sweep per worker exit must
+            # not cost a /proc read per live worker)
+            orphans = _scan.children(self.pid) - set(self.workers)
+            alive = {p for p in orphans if (found := _scan.state(p)) and found[1] != "Z"}
             if not alive:
                 break
             _scan.wait_dead(_scan.freeze_and_kill(alive, exclude=self.workers), timeout=1.0)
@@ -323,12 +332,13 @@ def main() -> None:
     host_pid, max_frame_bytes = int(sys.argv[2]), int(sys.argv[3])
     preload = json.loads(sys.argv[4])
     cgroups: dict[str, str] = json.loads(sys.argv[5])
+    nice = int(sys.argv[6])
     ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=CONTROL_FD)
     _linux.set_child_subreaper()
     _linux.set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != host_pid:
         return  # the host died before we could watch it
-    launcher = _Launcher(ctrl, max_frame_bytes, cgroups)
+    launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice)
     try:
         if "launcher" in cgroups:
             _cgroup.write(f"{cgroups['launcher']}/cgroup.procs", "0")

@@ -38,12 +38,15 @@ def _check_number(name: str, value: object) -> None:
             f"ProcessLimits.{name} must be an int ({unit}), got {value!r}; round it, for "
             f"example {name}={math.ceil(value) if math.isfinite(value) else 'None'}"
         )
-    if not (math.isfinite(value) and low < value <= high):
+    if kind == "int":
+        fits = low <= value <= high
+        accepted = f"from {low:,} to {int(high):,}"
+    else:
+        fits = math.isfinite(value) and low < value <= high
+        accepted = f"greater than 0 and at most {high:,.0f}"
+    if not fits:
         hint = " (use None for no limit)" if value == math.inf else ""
-        raise ValueError(
-            f"ProcessLimits.{name} must be greater than {low:g} and at most {high:g} ({unit}), "
-            f"got {value!r}{hint}"
-        )
+        raise ValueError(f"ProcessLimits.{name} must be {accepted} ({unit}), got {value!r}{hint}")
 
 
 @dataclass(frozen=True)

@@ -50,17 +50,18 @@ from ._errors import (
     ProtocolError,
     WorkerCrashed,
 )
+from ._graveyard import Graveyard
 from ._job import JobStatus, ProcessJob
 from ._limits import ProcessLimits, check_limits
 from ._linux import linux_problem
 from ._pickling import pickle_job
 from ._protocol import FLAG_LAST, HEADER
 from ._supervised import Worker, WorkerState
+from ._supervisor import LauncherSupervisor
 
 __all__ = ["ProcessPool"]
 
 _NO_LIMITS = ProcessLimits()
-_START_TIMEOUT = 60.0
 #: how long close() waits for the launcher to exit before SIGKILLing it, and for the trees
 _CLOSE_TIMEOUT = 5.0
 #: how long a worker that closed its socket mid-job may live on before it is killed as a
@@ -69,13 +70,9 @@ _EOF_GRACE = 1.0
 #: longest delay of the fork that replaces a spare which just took a job, while another spare
 #: is still ready (see ``_top_up``)
 _REPLACE_DELAY = 0.005
-#: a launcher that owes an answer is looked at after this long: replaced at once if stopped
-_LAUNCHER_CHECK = 0.25
-#: ... and replaced anyway when it owes one for this long
-_LAUNCHER_DEADLINE = 5.0
-#: launcher replacements allowed within _RESTART_WINDOW seconds before the pool gives up
-_MAX_RESTARTS = 5
-_RESTART_WINDOW = 60.0
+#: how long a worker that answered its last job may take to exit on its own before it is
+#: killed (under containments where waiting is cheaper than a kill)
+_EXIT_GRACE = 0.1
 _CONTAINMENTS = ("auto", "cgroup", "scan")
 
 
@@ -124,6 +121,9 @@ class ProcessPool:
       into many times its size; the bound counts the decoded size).
     - ``kill_grace``: default seconds between SIGTERM and SIGKILL when a job is killed.
     - ``preload``: modules imported once in the launcher, so forked workers start warm.
+    - ``nice``: added to every worker's niceness as it is forked, before it runs anything
+      (0 to 19; default 0): CPU-heavy jobs then never compete with the host's event loop for
+      a core, not even while they unpickle and start.
     - ``containment``: how job trees are contained and killed: ``"cgroup"`` (a cgroup v2 per
       worker: kills are atomic, nothing can fork or double-fork out of them; needs a writable
       cgroup v2 hierarchy and Linux 5.14), ``"scan"`` (freezes found by walking ``/proc``, and
@@ -151,12 +151,13 @@ class ProcessPool:
         kill_grace: float = 0.0,
         preload: Sequence[str] = (),
         containment: str = "auto",
+        nice: int = 0,
     ) -> None:
         # set first: __del__ must work on a pool whose constructor failed
         self._started = False
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
-        self._launchers: set[LauncherHandle] = set()
+        self._supervisor: LauncherSupervisor | None = None
         self._workers: dict[int, Worker] = {}
         if max_workers is None:
             max_workers = os.cpu_count() or 1
@@ -176,6 +177,7 @@ class ProcessPool:
         if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
             raise TypeError("ProcessPool(preload=...) takes a sequence of module names (str)")
         self.preload = tuple(preload)
+        self.nice = _count("nice", nice, 0, 19)
         if containment not in _CONTAINMENTS:
             raise ValueError(
                 f"ProcessPool(containment=...) must be one of {', '.join(_CONTAINMENTS)}, got "
@@ -184,26 +186,22 @@ class ProcessPool:
         self._mode = containment
         self._loop: asyncio.AbstractEventLoop | None = None
         self._containment: Containment | None = None
-        self._launcher: LauncherHandle | None = None
         self._broken: str | None = None
-        self._hello: asyncio.Future[None] | None = None
-        self._replacing: asyncio.Task[None] | None = None
-        self._restarts: deque[float] = deque()
         self._queue: deque[ProcessJob] = deque()
         self._idle: deque[Worker] = deque()
         self._busy: dict[ProcessJob, Worker] = {}
         self._spawning = 0
         self._replace_timer: asyncio.TimerHandle | None = None
-        self._health_timer: asyncio.TimerHandle | None = None
-        self._launchers_gone: asyncio.Event | None = None
-        #: worker pid -> when its exit was seen, while its launcher owes the exit report
-        self._reports_owed: dict[int, float] = {}
+        self._graveyard: Graveyard | None = None
         #: resolved when the last worker is buried (close() waits on it)
         self._burial_waiter: asyncio.Future[None] | None = None
         self._job_counter = 0
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if not self._started or self._close_task is not None or not self._launchers:
+        supervisor = self._supervisor
+        if not self._started or self._close_task is not None or supervisor is None:
+            return
+        if not supervisor.handles:
             return
         _warn(
             f"unclosed {self!r}; use 'async with ProcessPool()' or 'await pool.close()'",
@@ -211,9 +209,7 @@ class ProcessPool:
             source=self,
         )
         # only reachable once the event loop is gone; EOF makes the launcher kill every tree
-        for launcher in self._launchers:
-            with contextlib.suppress(OSError):
-                launcher.close()
+        supervisor.abandon()
         for worker in self._workers.values():
             if worker.channel is not None:
                 with contextlib.suppress(OSError):
@@ -235,6 +231,11 @@ class ProcessPool:
     def queued(self) -> int:
         """Jobs submitted and waiting for a worker because ``max_workers`` are running."""
         return len(self._queue)
+
+    @property
+    def _launcher(self) -> LauncherHandle | None:
+        """The current launcher (tests look at it)."""
+        return self._supervisor.current if self._supervisor is not None else None
 
     @property
     def containment(self) -> str:
@@ -286,42 +287,23 @@ class ProcessPool:
             raise ProcessError(f"cannot contain worker processes: {exc}") from exc
         self._loop = loop
         self._containment = containment
-        self._launchers_gone = asyncio.Event()
+        self._graveyard = Graveyard(loop)
+        self._supervisor = LauncherSupervisor(
+            loop,
+            self,
+            preload=self.preload,
+            max_frame_bytes=self.max_frame_bytes,
+            cgroups=containment.launcher_args(),
+            nice=self.nice,
+        )
         self._started = True
         _raise_fd_limit(2 * self.max_workers + 2 * self.spare_workers + 64)
         try:
-            await self._start_launcher()
+            await self._supervisor.start()
         except BaseException:
             await self.close()
             raise
         self._top_up()
-
-    async def _start_launcher(self) -> None:
-        loop, containment = self._loop, self._containment
-        assert loop is not None and containment is not None
-        launcher = LauncherHandle(
-            preload=self.preload,
-            max_frame_bytes=self.max_frame_bytes,
-            cgroups=containment.launcher_args(),
-        )
-        self._launcher = launcher
-        self._launchers.add(launcher)
-        assert self._launchers_gone is not None
-        self._launchers_gone.clear()
-        hello = self._hello = loop.create_future()
-        loop.add_reader(launcher.sock.fileno(), self._on_control, launcher)
-        loop.add_reader(launcher.pidfd, self._on_launcher_exit, launcher)
-        try:
-            async with asyncio.timeout(_START_TIMEOUT):
-                await hello
-        except TimeoutError as exc:
-            launcher.kill()
-            raise ProcessError(
-                f"the pool's launcher did not start within {_START_TIMEOUT:g} s"
-            ) from exc
-        except BaseException:
-            launcher.kill()
-            raise
 
     async def close(self) -> None:
         """Cancel every job, kill every process tree, reap everything, close every fd.
@@ -343,14 +325,11 @@ class ProcessPool:
 
     async def _close(self) -> None:
         self._closed = True
-        for timer in (self._replace_timer, self._health_timer):
-            if timer is not None:
-                timer.cancel()
-        self._replace_timer = self._health_timer = None
-        if self._replacing is not None:
-            self._replacing.cancel()
-            with contextlib.suppress(BaseException):
-                await self._replacing
+        if self._replace_timer is not None:
+            self._replace_timer.cancel()
+            self._replace_timer = None
+        supervisor = self._supervisor
+        assert supervisor is not None
         while self._queue:
             self._queue.popleft()._finish(
                 JobStatus.CANCELLED,
@@ -360,22 +339,20 @@ class ProcessPool:
         for job in list(self._busy):
             self._kill_job(job, closed, 0.0)
         self._end_all(list(self._workers.values()))
-        for launcher in list(self._launchers):
-            launcher.send({"op": "shutdown"})
-        gone = self._launchers_gone
-        assert gone is not None
+        await supervisor.close()
         try:
             async with asyncio.timeout(_CLOSE_TIMEOUT):
-                await gone.wait()
+                await supervisor.gone.wait()
                 await self._workers_buried()
         except TimeoutError:
-            for launcher in list(self._launchers):
-                launcher.kill()
-            await gone.wait()
+            supervisor.kill()
+            await supervisor.gone.wait()
         for worker in list(self._workers.values()):
             self._bury(worker, force=True)
         assert self._containment is not None
         self._containment.close()
+        if self._graveyard is not None:
+            self._graveyard.close()
 
     async def _workers_buried(self) -> None:
         while self._workers:
@@ -473,6 +450,7 @@ class ProcessPool:
         """
         if self._closed or self._broken is not None or self._launcher is None:
             return
+        assert self._supervisor is not None
         demand = min(len(self._queue), self.max_workers - len(self._busy))
         missing = self.spare_workers + demand - len(self._idle) - self._spawning
         if missing <= 0:
@@ -486,7 +464,7 @@ class ProcessPool:
             self._replace_timer.cancel()
             self._replace_timer = None
         self._spawning += missing
-        self._request({"op": "spawn", "n": missing})
+        self._supervisor.request({"op": "spawn", "n": missing})
 
     def _replace_due(self) -> None:
         self._replace_timer = None
@@ -525,7 +503,8 @@ class ProcessPool:
 
     # -- workers: messages ------------------------------------------------------------------
 
-    def _adopt(self, launcher: LauncherHandle, message: dict[str, Any], fds: list[int]) -> None:
+    def on_worker(self, launcher: LauncherHandle, message: dict[str, Any], fds: list[int]) -> None:
+        """The launcher forked a worker: its socket and pidfd are in ``fds``."""
         loop, containment = self._loop, self._containment
         assert loop is not None and containment is not None
         self._spawning = max(0, self._spawning - 1)
@@ -545,6 +524,7 @@ class ProcessPool:
             lambda: self._on_frame(worker),
             lambda: self._on_eof(worker),
             lambda reason: self._protocol_error(worker, reason),
+            self._graveyard.bury if self._graveyard is not None else lambda value: None,
         )
         self._workers[pid] = worker
         loop.add_reader(tree.pidfd, self._on_worker_exited, worker)
@@ -594,8 +574,13 @@ class ProcessPool:
             if job._held + assembling > budget or job._events_full:
                 channel.pause()  # resumed by _events_consumed
         else:
-            while job._held + assembling > budget and job._drop_oldest():
-                pass
+            while job._held + assembling > budget and (dropped := job._drop_oldest()):
+                self._free(dropped)
+
+    def _free(self, dropped: tuple[Any] | None) -> None:
+        """Free a value the engine gives up on without stalling the loop (``Graveyard``)."""
+        if dropped is not None and self._graveyard is not None:
+            self._graveyard.bury(dropped[0])
 
     def _events_consumed(self, job: ProcessJob) -> None:
         worker = self._busy.get(job)
@@ -632,9 +617,21 @@ class ProcessPool:
             if self._containment.needs_exit_report:
                 # a job may have switched the subreaper flag off and double-forked: such an
                 # orphan was reparented to the launcher, which kills it in its sweep
-                self._request({"op": "sweep"})
+                assert self._supervisor is not None
+                self._supervisor.sweep_if_orphans(self._workers.keys())
             # a used worker goes first: its jobs left it warm, and spares stay untouched
             self._idle.appendleft(worker)
+        elif (
+            self._containment.lets_workers_exit
+            and worker.last
+            and worker.exited_at is None
+            and not self._closed
+        ):
+            # it exits on its own right after its last answer (its leftovers are the
+            # launcher's to sweep); one that does not within _EXIT_GRACE is killed
+            assert self._loop is not None
+            worker.to(WorkerState.ENDING)
+            worker.set_timer("exit", self._loop.call_later(_EXIT_GRACE, self._end, worker))
         else:
             # nothing it or its job started may outlive the answer
             self._end(worker)
@@ -711,6 +708,7 @@ class ProcessPool:
                 worker.to(WorkerState.ENDING)
             worker.cancel_timer("timeout")
             worker.cancel_timer("term")
+            worker.cancel_timer("exit")
             job = worker.job
             # a killed job's later frames do not matter; a crashed one's may hold its answer
             if worker.channel is not None and (job is None or job._kill_reason is not None):
@@ -727,10 +725,11 @@ class ProcessPool:
         assert loop is not None
         loop.remove_reader(worker.tree.pidfd)
         worker.exited_at = time.monotonic()
-        if not worker.orphaned and worker.launcher is self._launcher:
-            # its parent reaps it and reports: a launcher that does not is found out
-            self._reports_owed[worker.pid] = worker.exited_at
-            self._expect_launcher()
+        worker.tree.exited = True
+        if worker.report is None and not worker.orphaned and self._supervisor is not None:
+            # its parent reaps it and reports (unless that report came first: the control
+            # socket and the pidfd are read in any order): a launcher that does not is found out
+            self._supervisor.owe_report(worker.launcher, worker.pid, worker.exited_at)
         if worker.state is WorkerState.DEAD:
             return
         assert self._containment is not None
@@ -751,7 +750,6 @@ class ProcessPool:
             if worker.exited_at is None:
                 # the tree is dead, so the worker is too: its pidfd will say so shortly
                 return
-            self._expect_launcher()
             return
         channel = worker.channel
         if crashed and channel is not None and not channel.closed and not channel.drained:
@@ -773,11 +771,10 @@ class ProcessPool:
         assert loop is not None and containment is not None
         if worker.exited_at is None:
             loop.remove_reader(worker.tree.pidfd)
-            if worker.report is None and not worker.orphaned and worker.launcher is self._launcher:
+            if worker.report is None and not worker.orphaned and self._supervisor is not None:
                 # its tree was seen dead before its pidfd said so: its report is owed all the
                 # same (a launcher that never sends it is found out)
-                self._reports_owed[worker.pid] = time.monotonic()
-                self._expect_launcher()
+                self._supervisor.owe_report(worker.launcher, worker.pid, time.monotonic())
         if worker.channel is not None:
             worker.channel.close()
         containment.forget(worker.tree)
@@ -826,148 +823,34 @@ class ProcessPool:
             error.__cause__ = crashed
         job._finish(JobStatus.FAILED, exception=error, cpu=cpu, peak_rss=peak)
 
-    # -- the launcher -----------------------------------------------------------------------
+    # -- the launcher (LauncherSupervisor's owner) --------------------------------------------
 
-    def _request(self, message: dict[str, Any]) -> None:
-        launcher = self._launcher
-        if launcher is None:
-            return
-        if launcher.request(message):
-            assert self._loop is not None
-            self._loop.add_writer(launcher.sock.fileno(), self._flush_control, launcher)
-        self._expect_launcher()
+    def on_exit_report(self, launcher: LauncherHandle, message: dict[str, Any]) -> None:
+        """The launcher reaped a worker."""
+        worker = self._workers.get(int(message.get("pid", -1)))
+        if worker is not None and worker.launcher is launcher:
+            worker.report = message
+            assert self._containment is not None
+            self._containment.recheck(worker.tree)
+            self._check_gone(worker)
 
-    def _flush_control(self, launcher: LauncherHandle) -> None:
-        assert self._loop is not None
-        if not launcher.flush():
-            self._loop.remove_writer(launcher.sock.fileno())
+    def on_spawn_failed(self, message: dict[str, Any]) -> None:
+        self._spawning = max(0, self._spawning - 1)
+        if self._queue and not self._workers:
+            self._queue.popleft()._finish(
+                JobStatus.FAILED,
+                exception=ProcessError(
+                    f"could not start a worker process ({message.get('error')}); the "
+                    "machine is out of processes or memory"
+                ),
+            )
 
-    def _on_control(self, launcher: LauncherHandle) -> None:
-        assert self._loop is not None
-        for _ in range(64):
-            try:
-                received = launcher.receive()
-            except EOFError:
-                self._loop.remove_reader(launcher.sock.fileno())
-                return
-            if received is None:
-                return
-            self._handle_control(launcher, *received)
-
-    def _handle_control(
-        self, launcher: LauncherHandle, message: dict[str, Any], fds: list[int]
-    ) -> None:
-        op = message.get("op")
-        if op == "worker":
-            self._adopt(launcher, message, fds)
-            return
-        for fd in fds:
-            os.close(fd)
-        if op == "ok":
-            launcher.answered(message.get("seq"))
-        elif op == "exit":
-            self._reports_owed.pop(int(message.get("pid", -1)), None)
-            worker = self._workers.get(int(message.get("pid", -1)))
-            if worker is not None and worker.launcher is launcher:
-                worker.report = message
-                assert self._containment is not None
-                self._containment.recheck(worker.tree)
-                self._check_gone(worker)
-        elif op == "hello":
-            hello = self._hello
-            if hello is not None and not hello.done() and launcher is self._launcher:
-                if "error" in message:
-                    hello.set_exception(
-                        ProcessError(
-                            f"the pool's launcher failed to start: {message['error']}; check "
-                            "the ProcessPool(preload=...) module names"
-                        )
-                    )
-                else:
-                    hello.set_result(None)
-        elif op == "spawn_failed":
-            self._spawning = max(0, self._spawning - 1)
-            if self._queue and not self._workers:
-                self._queue.popleft()._finish(
-                    JobStatus.FAILED,
-                    exception=ProcessError(
-                        f"could not start a worker process ({message.get('error')}); the "
-                        "machine is out of processes or memory"
-                    ),
-                )
-        else:
-            self._launcher_lost(launcher, "it sent a message that is not part of the protocol")
-
-    def _expect_launcher(self) -> None:
-        """Something is owed by the launcher: look at it soon."""
-        if self._health_timer is None and self._launcher is not None and not self._closed:
-            assert self._loop is not None
-            self._health_timer = self._loop.call_later(_LAUNCHER_CHECK, self._check_launcher)
-
-    def _owed_since(self) -> float | None:
-        """Since when the current launcher owes something (an answer, an exit report)."""
-        launcher = self._launcher
-        if launcher is None:
-            return None
-        times = list(self._reports_owed.values())
-        overdue = launcher.overdue()
-        if overdue is not None:
-            times.append(overdue)
-        return min(times) if times else None
-
-    def _check_launcher(self) -> None:
-        self._health_timer = None
-        launcher = self._launcher
-        since = self._owed_since()
-        if launcher is None or since is None or self._closed:
-            return
-        waited = time.monotonic() - since
-        if launcher.stopped():
-            self._launcher_lost(launcher, "it was stopped (SIGSTOP) and stopped answering")
-        elif waited > _LAUNCHER_DEADLINE:
-            self._launcher_lost(launcher, f"it did not answer for {waited:.1f} s")
-        else:
-            self._expect_launcher()
-
-    def _on_launcher_exit(self, launcher: LauncherHandle) -> None:
-        loop = self._loop
-        assert loop is not None
-        if not launcher.try_reap():
-            return
-        loop.remove_reader(launcher.pidfd)
-        if launcher is self._launcher:
-            # its last exit reports may be in the socket still
-            self._on_control(launcher)
-            hello = self._hello
-            if hello is not None and not hello.done():
-                hello.set_exception(
-                    ProcessError(
-                        f"the pool's launcher process exited during startup "
-                        f"({launcher.describe_exit()}); see its output on stderr"
-                    )
-                )
-            elif not self._closed:
-                self._launcher_lost(launcher, launcher.describe_exit())
-        self._orphan([w for w in self._workers.values() if w.launcher is launcher])
-        with contextlib.suppress(ValueError, OSError):
-            loop.remove_reader(launcher.sock.fileno())
-            loop.remove_writer(launcher.sock.fileno())
-        if launcher is self._launcher:
-            self._launcher = None
-        self._launchers.discard(launcher)
-        launcher.close()
-        if not self._launchers and self._launchers_gone is not None:
-            self._launchers_gone.set()
-
-    def _launcher_lost(self, launcher: LauncherHandle, why: str) -> None:
-        """The launcher died or stopped answering: kill everything it started, replace it."""
-        if launcher is not self._launcher or self._closed:
-            return
-        containment, loop = self._containment, self._loop
-        assert containment is not None and loop is not None
-        self._launcher = None
+    def on_lost(self, launcher: LauncherHandle, why: str) -> None:
+        """The launcher died or stopped answering: kill everything it started; the supervisor
+        starts a new one once that is done."""
+        containment, supervisor = self._containment, self._supervisor
+        assert containment is not None and supervisor is not None
         self._spawning = 0
-        self._reports_owed.clear()
         reason = f"the pool's launcher process failed ({why}) and was replaced"
         cause = ProcessError(f"the pool's launcher process {launcher.pid} failed: {why}")
         workers = [w for w in self._workers.values() if w.launcher is launcher]
@@ -978,48 +861,26 @@ class ProcessPool:
                 error.__cause__ = cause
                 job._kill_reason = error
         self._end_all(workers)
-        self._orphan(workers)
-        now = time.monotonic()
-        self._restarts.append(now)
-        while self._restarts and now - self._restarts[0] > _RESTART_WINDOW:
-            self._restarts.popleft()
+        self.on_gone(launcher)
         containment.kill_launcher(
             launcher.pid,
             launcher.pidfd,
             [worker.tree for worker in workers],
-            lambda: self._replace_launcher(why),
+            lambda: supervisor.replace(why),
         )
 
-    def _orphan(self, workers: list[Worker]) -> None:
-        """Their launcher is gone: no exit report will come for them."""
+    def on_gone(self, launcher: LauncherHandle) -> None:
+        """No exit report will come from ``launcher`` any more."""
+        workers = [w for w in self._workers.values() if w.launcher is launcher]
         for worker in workers:
             worker.orphaned = True
         for worker in workers:
             self._check_gone(worker)
 
-    def _replace_launcher(self, why: str) -> None:
-        if self._closed or self._replacing is not None:
-            return
-        if len(self._restarts) > _MAX_RESTARTS:
-            self._give_up(
-                f"the pool's launcher process failed {len(self._restarts)} times within "
-                f"{_RESTART_WINDOW:g} s (last: {why}); create a new ProcessPool"
-            )
-            return
-        assert self._loop is not None
-        self._replacing = self._loop.create_task(self._restart())
-
-    async def _restart(self) -> None:
-        try:
-            await self._start_launcher()
-        except Exception as exc:
-            self._give_up(f"the pool's launcher could not be restarted: {exc}")
-            return
-        finally:
-            self._replacing = None
+    def on_ready(self) -> None:
         self._top_up()
 
-    def _give_up(self, message: str) -> None:
+    def on_give_up(self, message: str) -> None:
         self._broken = message
         while self._queue:
             self._queue.popleft()._finish(JobStatus.CANCELLED, exception=PoolClosed(message))

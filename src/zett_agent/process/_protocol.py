@@ -47,8 +47,8 @@ __all__ = [
 
 HEADER = struct.Struct(">I")
 
-#: largest JSON frame a worker may send: decoding one costs at most ~1.5 ms on a slow core
-CHUNK = 1 << 16
+#: largest JSON frame a worker may send: decoding one costs at most about a millisecond
+CHUNK = 1 << 15
 #: largest text frame (raw UTF-8 of part of a string)
 TEXT_SLICE = 1 << 20
 #: deepest nesting of containers in a value
@@ -62,25 +62,48 @@ class FrameError(Exception):
     """Bytes from a worker that are not a valid frame or message; the message is the reason."""
 
 
+#: frames at least this big are received straight into a buffer of their own (no extra copy)
+LARGE_FRAME = 1 << 16
+
+
 class FrameDecoder:
     """Incremental decoder of length-prefixed frames, none larger than ``TEXT_SLICE``.
 
     ``recv_from`` takes bytes in; ``next_frame`` returns the next complete payload or
     ``None``. A header announcing more than the cap raises ``FrameError`` before anything of the
-    body is kept, so a writer cannot make the reader hold more than one frame.
+    body is kept, so a writer cannot make the reader hold more than one frame. A large frame is
+    received directly into a buffer of its size, and returned as that ``bytearray``, which is
+    only valid until the next call (the next large frame of the same size reuses it).
     """
 
     def __init__(self, max_frame: int = TEXT_SLICE) -> None:
         self._max = max_frame
         self._buf = bytearray()
         self._need: int | None = None
+        #: the large frame being received, and how much of it arrived
+        self._body: bytearray | None = None
+        self._filled = 0
+        #: the last large frame's buffer, reused for the next one of the same size
+        self._spare: bytearray | None = None
 
     def feed(self, data: bytes) -> None:
+        body = self._body
+        if body is not None:
+            take = min(len(data), len(body) - self._filled)
+            body[self._filled : self._filled + take] = data[:take]
+            self._filled += take
+            data = data[take:]
         self._buf += data
 
     def recv_from(self, sock: socket.socket, size: int) -> int:
         """Receive up to ``size`` bytes once from ``sock``; return the count (0 at end of
         stream). Raises what ``sock.recv`` raises (``BlockingIOError`` when nothing is ready)."""
+        body = self._body
+        if body is not None:
+            with memoryview(body)[self._filled : self._filled + size] as window:
+                n = sock.recv_into(window)
+            self._filled += n
+            return n
         data = sock.recv(size)
         self._buf += data
         return len(data)
@@ -88,9 +111,16 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buf)
+        return len(self._buf) + self._filled
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | bytearray | None:
+        body = self._body
+        if body is not None:
+            if self._filled < len(body):
+                return None
+            self._body, self._filled, self._need = None, 0, None
+            self._spare = body
+            return body
         buf = self._buf
         need = self._need
         if need is None:
@@ -105,6 +135,16 @@ class FrameDecoder:
             self._need = need
         end = HEADER.size + need
         if len(buf) < end:
+            if need >= LARGE_FRAME:
+                # everything buffered belongs to this frame: the rest is received in place,
+                # into the previous large frame's buffer when it has the same size (its pages
+                # are touched already; the consumer copied what it needed out of it)
+                spare, self._spare = self._spare, None
+                body = spare if spare is not None and len(spare) == need else bytearray(need)
+                have = len(buf) - HEADER.size
+                body[:have] = buf[HEADER.size :]
+                buf.clear()
+                self._body, self._filled = body, have
             return None
         with memoryview(buf) as whole:
             frame = bytes(whole[HEADER.size : end])
@@ -118,7 +158,7 @@ class FrameDecoder:
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def decode_json(frame: bytes, limit: int = CHUNK) -> dict[str, Any]:
+def decode_json(frame: bytes | bytearray, limit: int = CHUNK) -> dict[str, Any]:
     """Parse one JSON frame into a message object; ``FrameError`` if it is not one (or is
     longer than ``limit`` bytes)."""
     if len(frame) > limit:

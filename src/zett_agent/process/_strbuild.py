@@ -18,7 +18,7 @@ import ctypes
 import sys
 from typing import Any
 
-__all__ = ["StrBuilder", "available"]
+__all__ = ["StrBuilder", "available", "width"]
 
 #: maximum code point of each width: 1 byte (ASCII when all < 128), 2 bytes, 4 bytes
 _MAXCHAR = {1: 255, 2: 0xFFFF, 4: 0x10FFFF}
@@ -64,7 +64,7 @@ class StrBuilder:
         #: whether a character that needs the full width was seen (canonical form)
         self._wide_seen = ascii or length == 0
 
-    def add_utf8(self, data: bytes) -> None:
+    def add_utf8(self, data: bytes | bytearray) -> None:
         """Append the characters of ``data`` (UTF-8; lone surrogates allowed)."""
         if self._ascii:
             if not data.isascii():
@@ -77,15 +77,19 @@ class StrBuilder:
             piece = str(data, "utf-8", "surrogatepass")
             count = len(piece)
             if not piece.isascii():
-                width = _width(piece)
-                if width > self._kind:
+                piece_width = width(piece)
+                if piece_width > self._kind:
                     raise ValueError("a slice holds characters wider than announced")
-                if width == self._kind:
+                if piece_width == self._kind:
                     self._wide_seen = True
             raw = piece.encode(_CODEC[self._kind], "surrogatepass")
         if self._filled + count > self._length:
             raise ValueError("the slices hold more characters than announced")
-        ctypes.memmove(self._base + self._filled * self._kind, raw, len(raw))
+        if isinstance(raw, bytearray):
+            source: Any = (ctypes.c_char * len(raw)).from_buffer(raw)
+        else:
+            source = raw
+        ctypes.memmove(self._base + self._filled * self._kind, source, len(raw))
         self._filled += count
 
     def finish(self) -> str:
@@ -101,9 +105,17 @@ class StrBuilder:
         return text
 
 
-def _width(text: str) -> int:
-    """Bytes per character of a non-ASCII ``str`` (its storage width)."""
-    return (sys.getsizeof(text) - _COMPACT_DATA) // (len(text) + 1) if _new is not None else 4
+def width(text: str) -> int:
+    """Bytes per character of a non-ASCII ``str`` (its storage width: 1, 2 or 4).
+
+    Read from the string's size, in constant time. A one-character string may be one of the
+    interpreter's shared singletons, whose size can include a cached UTF-8 copy (Python 3.12
+    on), so its width comes from its code point instead.
+    """
+    if len(text) == 1:
+        code = ord(text)
+        return 1 if code < 0x100 else 2 if code < 0x10000 else 4
+    return (sys.getsizeof(text) - _COMPACT_DATA) // (len(text) + 1)
 
 
 def _self_check() -> bool:
@@ -112,7 +124,7 @@ def _self_check() -> bool:
     try:
         samples = ["plain ascii", "caf\xe9 \xff", "\u0100\u4e2d\u6587", "\U0001f600 x \U0010ffff"]
         for sample in samples:
-            kind = 1 if sample.isascii() else _width(sample)
+            kind = 1 if sample.isascii() else width(sample)
             builder = StrBuilder(len(sample), kind, sample.isascii())
             data = sample.encode("utf-8")
             builder.add_utf8(b"")

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from . import _linux, _scan
@@ -38,7 +39,7 @@ class _Channel:
     def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
         self.sock = sock
         self.lock = threading.Lock()
-        self.encoder = Encoder(self._send_frame, max_frame_bytes)
+        self.encoder = Encoder(self._send_frame, max_frame_bytes, send_parts=self._send_parts)
 
     def _send_frame(self, payload: bytes) -> None:
         header = HEADER.pack(len(payload))
@@ -47,6 +48,12 @@ class _Channel:
         else:  # no copy of a large payload just to prepend four bytes
             self.sock.sendall(header)
             self.sock.sendall(payload)
+
+    def _send_parts(self, size: int, parts: Iterable[bytes]) -> None:
+        """One frame of ``size`` bytes, written part by part as the parts are made."""
+        self.sock.sendall(HEADER.pack(size))
+        for part in parts:
+            self.sock.sendall(part)
 
     def message(self, kind: str, value: Any, usage: dict[str, float] | None = None) -> None:
         with self.lock:
@@ -201,8 +208,12 @@ def _clean_up() -> bool:
     Best effort, in the job's own process: the parent checks independently (a job can lie).
     Never blocks in a wait on a process it did not kill.
     """
-    if len(os.listdir("/proc/self/task")) > 1:
+    if threading.active_count() > 1:
         return False  # a thread of the job still runs here: it would run into the next job
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # the common case, in one system call: no child at all
     kids = _scan.children(os.getpid())
     if kids:
         _scan.wait_dead(_scan.freeze_and_kill(kids), timeout=1.0)

@@ -127,6 +127,8 @@ class ProcessRunner:
             child beyond it waits, and its task info says ``waiting for a process: N of N in
             use``.
         spare_processes: Processes kept forked ahead of demand (default 2).
+        nice: Lower CPU priority of every child, from its fork on (0 to 19, default 0): for
+            CPU-heavy children that must not take a core from the parent's event loop.
         kill_grace: Seconds between SIGTERM and SIGKILL when a child is cancelled (default:
             SIGKILL at once).
         preload: ``None`` (default): import, once in the launcher before it forks, the
@@ -155,6 +157,7 @@ class ProcessRunner:
         kill_grace: float | None = None,
         preload: Sequence[str] | None = None,
         preload_exclude: Sequence[str] = (),
+        nice: int | None = None,
     ) -> None:
         if pool is not None and not isinstance(pool, ProcessPool):
             raise TypeError(f"pool must be a zett_agent.process.ProcessPool, got {pool!r}")
@@ -162,6 +165,7 @@ class ProcessRunner:
             "max_children": max_children,
             "spare_processes": spare_processes,
             "preload": preload,
+            "nice": nice,
         }
         given = [name for name, value in shaping.items() if value is not None]
         if pool is not None and given:
@@ -177,6 +181,10 @@ class ProcessRunner:
             raise ValueError(f"max_children must be at least 1, got {max_children}")
         if spare_processes is not None and spare_processes < 0:
             raise ValueError(f"spare_processes must be >= 0, got {spare_processes}")
+        if nice is not None and (
+            isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
+        ):
+            raise ValueError(f"nice must be an int from 0 to 19, got {nice!r}")
         if kill_grace is not None and not kill_grace >= 0:
             raise ValueError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
         if isinstance(preload, str) or isinstance(preload_exclude, str):
@@ -186,6 +194,7 @@ class ProcessRunner:
         self.kill_grace = kill_grace
         self.preload = None if preload is None else tuple(preload)
         self.preload_exclude = tuple(preload_exclude)
+        self.nice = 0 if nice is None else nice
         self._shared = pool
         self._init_runtime()
 
@@ -212,6 +221,7 @@ class ProcessRunner:
             "kill_grace": self.kill_grace,
             "preload": self.preload,
             "preload_exclude": self.preload_exclude,
+            "nice": self.nice,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -344,6 +354,7 @@ class ProcessRunner:
             spare_workers=min(self.spare_processes, self.max_children),
             kill_grace=self.kill_grace or 0.0,
             preload=preload,
+            nice=self.nice,
         )
         pool.owner = self.owner
         await pool.start()
