@@ -92,6 +92,16 @@ async def test_content_length_body_and_a_body_read_to_the_end_of_the_connection(
     assert (await lines_of(unframed))[1] == ["data: one", "data: two", "", "data: three"]
 
 
+async def test_lines_split_byte_by_byte() -> None:
+    """Every line ending (\\n, \\r\\n, \\r) still found when each chunk is one byte."""
+    body = b"data: a\r\n\r\ndata: b\rdata: c\n\ndata: \xe2\x82\xac\r"
+    raw = [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"]
+    raw += [b"1\r\n" + body[i : i + 1] + b"\r\n" for i in range(len(body))]
+    raw.append(b"0\r\n\r\n")
+    status, lines = await lines_of(Reply(raw=raw))
+    assert (status, lines) == (200, ["data: a", "", "data: b", "data: c", "", "data: €"])
+
+
 async def test_informational_responses_are_skipped_and_repeated_headers_joined() -> None:
     raw = [
         b"HTTP/1.1 100 Continue\r\n\r\n",
@@ -200,6 +210,20 @@ async def test_a_stream_line_over_the_bound_is_a_model_error(
     assert "could not be decoded: a line of the response exceeds 4096 bytes" in str(error)
 
 
+async def test_an_event_that_never_ends_is_held_only_up_to_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Data lines with no blank line between them pile up in one event: bounded too."""
+    monkeypatch.setattr(_openai, "_MAX_JSON_BYTES", 10_000)
+    line = b"data: " + json.dumps(chunk({"content": "w" * 100})).encode() + b"\n"
+    reply = Reply(chunks=[line] * 100, hold=True)
+    async with LoopbackServer([reply]) as server:
+        error = await raises(OpenAIChatModel("m", base_url=server.url))
+        await asyncio.wait_for(server.client_gone.wait(), HANG_GUARD)
+    assert type(error) is ModelError and not error.retryable
+    assert "one server-sent event of more than 10000 characters of data" in str(error)
+
+
 async def test_an_oversized_error_body_keeps_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 503 stays a retryable 503 whatever its body; the body is not held past the bound."""
     monkeypatch.setattr(_openai, "_MAX_ERROR_BYTES", 1000)
@@ -216,6 +240,28 @@ async def test_a_server_that_never_answers_times_out_while_reading_the_head() ->
         await asyncio.wait_for(server.client_gone.wait(), HANG_GUARD)
     assert isinstance(error, TransientModelError)
     assert "did not answer within 0.2 s (ReadTimeout)" in str(error)
+
+
+async def test_a_tls_handshake_that_never_completes_times_out_as_connecting(
+    test_ca: None,
+) -> None:
+    """A server that accepts TCP but never answers the ClientHello: the connect timeout."""
+    gone = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(1024):  # the ClientHello, then EOF when the client gives up
+            pass
+        gone.set()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        model = OpenAIChatModel("m", base_url=f"https://127.0.0.1:{port}/v1", timeout=0.2)
+        error = await raises(model)
+        await asyncio.wait_for(gone.wait(), HANG_GUARD)
+    assert isinstance(error, TransientModelError) and error.status is None
+    assert "did not answer within 0.2 s (ConnectTimeout)" in str(error)
 
 
 async def test_a_refused_connection_is_transient() -> None:

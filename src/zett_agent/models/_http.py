@@ -469,9 +469,13 @@ class Response:
         buffer = bytearray()
         try:
             while piece := await self._next_piece():
+                # What is left of the buffer holds no line end but perhaps a last \r: search only
+                # from there, so a long line arriving in tiny pieces costs linear time.
+                start = max(len(buffer) - 1, 0)
                 buffer += piece
                 # A \r at the very end may be the first half of a \r\n: keep it for later.
-                cut = max(buffer.rfind(b"\n"), buffer.rfind(b"\r", 0, len(buffer) - 1)) + 1
+                end = len(buffer) - 1
+                cut = max(buffer.rfind(b"\n", start), buffer.rfind(b"\r", start, end)) + 1
                 lines = buffer[:cut].splitlines()
                 del buffer[:cut]
                 if len(buffer) > limit or max(map(len, lines), default=0) > limit:

@@ -54,7 +54,8 @@ _OPENAI_API_HOST = "api.openai.com"
 
 #: What a response may make the adapter hold: one SSE line (one streamed chunk), an error body
 #: (only its first few hundred characters are quoted), a complete JSON answer to a request the
-#: server did not stream.
+#: server did not stream (and as much data of one server-sent event, which is a whole answer
+#: from a server that puts no blank lines between its events).
 _MAX_LINE_BYTES = 8 * 2**20
 _MAX_ERROR_BYTES = 2**20
 _MAX_JSON_BYTES = 64 * 2**20
@@ -98,7 +99,8 @@ class OpenAIChatModel:
     ``$ALL_PROXY`` (``http://`` proxies only; https goes through a ``CONNECT`` tunnel) and
     ``$NO_PROXY``, in upper or lower case. Redirects are not followed. A response may not make
     the adapter hold more than 64 KiB of headers, 8 MiB in one SSE line, 1 MiB of an error body
-    (more is not read: the status still decides) or 64 MiB of a non-streamed JSON answer.
+    (more is not read: the status still decides) or 64 MiB of a non-streamed JSON answer (or
+    of the data of one server-sent event).
 
     Child processes: ``child_preload`` names the module that loads the CA bundle and builds the
     process's TLS context; a subagent extension's process pool imports it once in its launcher,
@@ -322,11 +324,21 @@ async def _stream_text(
     """The text deltas of an SSE response, feeding every chunk to ``accumulator``."""
     decoder = SSEDecoder()
     lines = response.aiter_lines(_MAX_LINE_BYTES)
+    held = 0  # characters of data the decoder holds for the event still open
     try:
         async for line in lines:
             data = decoder.feed(line)
             if data is None:
+                if line.startswith("data"):
+                    held += len(line)
+                    if held > _MAX_JSON_BYTES:
+                        raise ModelError(
+                            "the model endpoint sent one server-sent event of more than "
+                            f"{_MAX_JSON_BYTES} characters of data (a stream without blank "
+                            "lines between its events?)"
+                        )
                 continue
+            held = 0
             for chunk in decode_event(data) or [None]:
                 if chunk is None:
                     return
