@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import cast
@@ -444,3 +448,59 @@ async def test_a_ca_bundle_that_cannot_be_loaded_is_a_model_error(
     assert type(error) is ModelError and not error.retryable
     missing = tmp_path / "missing.pem"
     assert f"$SSL_CERT_FILE ({missing}) could not be loaded" in str(error)
+
+
+# --- a warm child -------------------------------------------------------------------------------
+
+_WARM_CHILD = """
+import asyncio, json, os, sys
+import zett_agent.models._openai_preload  # what a launcher imports before it forks a child
+from zett_agent.messages import UserMessage
+from zett_agent.model import ModelRequest
+from zett_agent.models.openai import OpenAIChatModel
+
+async def main():
+    model = OpenAIChatModel("m", base_url=sys.argv[1])
+    before = set(sys.modules)
+    events = [e async for e in model.stream(ModelRequest(messages=(UserMessage("hi"),)))]
+    return {"content": events[-1].response.message.content,
+            "imported": sorted(set(sys.modules) - before)}
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_first_https_request_imports_nothing_the_preload_did_not() -> None:
+    """A child forked after the preload pays no import at its first request, TLS included."""
+    ready = threading.Event()
+    stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+    servers: list[LoopbackServer] = []
+
+    async def serve() -> None:
+        done = asyncio.Event()
+        async with LoopbackServer([Reply(chunks=TEXT_STREAM)], tls=server_tls()) as server:
+            servers.append(server)
+            stop.append((asyncio.get_running_loop(), done))
+            ready.set()
+            await asyncio.wait_for(done.wait(), 60)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    try:
+        assert ready.wait(HANG_GUARD)
+        child = subprocess.run(
+            [sys.executable, "-c", _WARM_CHILD, servers[0].url],
+            env={**os.environ, "SSL_CERT_FILE": TEST_CA},
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        if stop:
+            loop, done = stop[0]
+            loop.call_soon_threadsafe(done.set)
+        thread.join(HANG_GUARD)
+    assert not thread.is_alive()
+    assert child.returncode == 0, child.stderr.decode()
+    assert json.loads(child.stdout) == {"content": "Hello", "imported": []}
+    assert len(servers[0].requests) == 1
