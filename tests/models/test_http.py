@@ -238,6 +238,20 @@ async def test_an_oversized_error_body_keeps_the_status(monkeypatch: pytest.Monk
     assert "the error body was not read: the response body exceeds 1000 bytes" in str(error)
 
 
+async def test_an_error_body_that_cannot_be_read_keeps_the_status() -> None:
+    """A gzip error page (a misbehaving front server) or a bad length: still a retryable 503."""
+    head = b"HTTP/1.1 503 Unavailable\r\n"
+    gzip = head + b"Content-Encoding: gzip\r\nContent-Length: 3\r\n\r\n\x1f\x8b\x08"
+    length = head + b"Content-Length: -1\r\n\r\n"
+    async with LoopbackServer([Reply(raw=[gzip]), Reply(raw=[length])]) as server:
+        model = OpenAIChatModel("m", base_url=server.url)
+        errors = [await raises(model), await raises(model)]
+    defects = ["encoded with 'gzip'", "'-1' is not one number"]
+    for error, defect in zip(errors, defects, strict=True):
+        assert isinstance(error, TransientModelError) and error.status == 503
+        assert "(the error body was not read: the" in str(error) and defect in str(error)
+
+
 async def test_a_server_that_never_answers_times_out_while_reading_the_head() -> None:
     async with LoopbackServer([Reply(raw=[], hold=True)]) as server:
         error = await raises(OpenAIChatModel("m", base_url=server.url, timeout=0.2))

@@ -417,7 +417,13 @@ class Response:
         self._timeout = io_timeout
         self._left = 0  # bytes left of the body (_LENGTH) or of the current chunk (_CHUNKED)
         self._crlf_due = False  # a chunk's data was read, its CRLF not yet
-        self._framing = self._frame()
+        # A body this client cannot read is an error when the body is read, not before: the
+        # status of an error response still counts (a 503 stays retryable whatever its body).
+        self._defect: str | None = None
+        try:
+            self._framing = self._frame()
+        except DecodingError as exc:
+            self._defect, self._framing = str(exc), _DONE
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {self.reason}{' closed' if self._writer is None else ''}>"
@@ -489,6 +495,8 @@ class Response:
 
     async def _next_piece(self) -> bytes:
         """The next piece of the body as framed, ``b""`` at its end."""
+        if self._defect is not None:
+            raise DecodingError(self._defect)
         framing = self._framing
         if framing == _CHUNKED and not self._left:
             if self._crlf_due and (await self._readline()).strip():
