@@ -805,7 +805,7 @@ def report_running(running: dict[str, dict[str, list[float]]], n: int, repeats: 
         f"{t_b:.3f} s",
         ratio(t_p, t_b),
     )
-    row("    same, without preload (each child imports httpx)", f"{t_c:.3f} s", "", "")
+    row("    same, without preload (each child imports them)", f"{t_c:.3f} s", "", "")
     row(
         "    unique memory (USS) per running child",
         f"{m_p:.2f} MiB",

@@ -1,10 +1,18 @@
-"""A scripted OpenAI-compatible HTTP/1.1 server on loopback, written for these tests.
+"""A scripted OpenAI-compatible HTTP/1.1 server and an HTTP proxy on loopback, for these tests.
 
-``async with LoopbackServer([reply, ...]) as server:`` works in any event loop and thread.
+``async with LoopbackServer([reply, ...]) as server:`` works in any event loop and thread; pass
+``tls=server_tls()`` for an ``https://`` server whose certificate is signed by the test CA
+(``TEST_CA``).
 
 Each accepted connection takes the next scripted ``Reply`` and records what the client sent; the
 server answers with ``Connection: close`` so one connection is one request. Everything it opens is
 closed by ``__aexit__``, within a bound.
+
+``async with TunnelProxy() as proxy:`` is a forwarding proxy (``proxy.url`` for ``HTTPS_PROXY``
+and friends): ``CONNECT host:port`` opens a tunnel to a loopback target and relays bytes both
+ways; an absolute-form request (``POST http://host:port/path``) is forwarded in origin form.
+Every request it gets is recorded in ``proxy.requests``; a tunnel to anything but loopback is
+refused with 403.
 """
 
 from __future__ import annotations
@@ -12,9 +20,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+TLS_DIR = Path(__file__).parent / "tls"
+#: the test CA that signed the loopback server's certificate (see tls/README.md)
+TEST_CA = str(TLS_DIR / "ca.pem")
+
+
+def server_tls() -> ssl.SSLContext:
+    """The loopback server's side of TLS: a certificate for 127.0.0.1 signed by ``TEST_CA``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(TLS_DIR / "server.pem", TLS_DIR / "server.key")
+    return context
+
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
 
@@ -25,7 +47,9 @@ class Reply:
 
     ``chunks`` are written one by one with chunked transfer encoding (each becomes a separate
     read on the client). ``hold`` keeps the response open after the chunks until the client goes
-    away; ``drop`` closes the connection without answering.
+    away; ``drop`` closes the connection without answering. ``raw`` replaces all of that: those
+    bytes are the whole response, written piece by piece (each drained), then the connection
+    is closed (or held, with ``hold``).
     """
 
     status: int = 200
@@ -33,6 +57,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "text/event-stream"})
     hold: bool = False
     drop: bool = False
+    raw: Sequence[bytes] | None = None
 
 
 @dataclass
@@ -60,7 +85,8 @@ def json_reply(status: int, body: Any, headers: dict[str, str] | None = None) ->
 
 
 class LoopbackServer:
-    def __init__(self, replies: Sequence[Reply]) -> None:
+    def __init__(self, replies: Sequence[Reply], *, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
         self._replies = list(replies)
         self.requests: list[Received] = []
         self.client_gone = asyncio.Event()
@@ -69,9 +95,9 @@ class LoopbackServer:
         self.url = ""
 
     async def __aenter__(self) -> LoopbackServer:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self._tls)
         port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/v1"
+        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{port}/v1"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -105,6 +131,16 @@ class LoopbackServer:
             reply = self._replies.pop(0) if self._replies else json_reply(599, "unscripted")
             if reply.drop:
                 return
+            if reply.raw is not None:
+                for piece in reply.raw:
+                    writer.write(piece)
+                    await writer.drain()
+                if reply.hold:
+                    with contextlib.suppress(ConnectionError):
+                        while await reader.read(1024):
+                            pass
+                    self.client_gone.set()
+                return
             reason = _REASONS.get(reply.status, "Whatever")
             lines = [f"HTTP/1.1 {reply.status} {reason}"]
             lines += [f"{k}: {v}" for k, v in reply.headers.items()]
@@ -124,8 +160,82 @@ class LoopbackServer:
             await writer.drain()
         finally:
             writer.close()
-            with contextlib.suppress(ConnectionError):
+            with contextlib.suppress(OSError):  # ConnectionError, or ssl.SSLError under TLS
                 await writer.wait_closed()
+
+
+@dataclass
+class ProxyRequest:
+    method: str
+    target: str
+    headers: dict[str, str]
+
+
+class TunnelProxy:
+    def __init__(self) -> None:
+        self.requests: list[ProxyRequest] = []
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> TunnelProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._handlers:
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.get_running_loop().create_task(self._handle(reader, writer))
+        self._handlers.add(task)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            method, target, _ = request_line.split(" ", 2)
+            headers = {}
+            for line in header_lines:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            self.requests.append(ProxyRequest(method, target, headers))
+            if method == "CONNECT":
+                host, _, port = target.rpartition(":")
+            else:  # absolute form: http://host:port/path
+                host, _, port = target.split("/")[2].rpartition(":")
+            if host not in ("127.0.0.1", "[::1]", "localhost"):
+                writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                return
+            up_reader, upstream = await asyncio.open_connection(host.strip("[]"), int(port))
+            if method == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                path = "/" + target.split("/", 3)[3]
+                upstream.write(head.replace(target.encode(), path.encode(), 1))
+            await asyncio.gather(_relay(reader, upstream), _relay(up_reader, writer))
+        finally:
+            sides = [side for side in (upstream, writer) if side is not None]
+            for side in sides:
+                side.transport.abort()  # a relay may be stuck writing to a gone peer
+            await asyncio.gather(*(side.wait_closed() for side in sides), return_exceptions=True)
+
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
 
 
 async def collect(stream: AsyncIterator[Any]) -> list[Any]:

@@ -14,7 +14,7 @@ from typing import Any, cast
 import cloudpickle
 import pytest
 import uvloop
-from _openai_loopback import LoopbackServer, Reply, collect, json_reply, sse
+from _openai_loopback import LoopbackServer, Reply, TunnelProxy, collect, json_reply, sse
 
 import zett_agent.models
 import zett_agent.models.openai
@@ -168,19 +168,25 @@ async def test_the_openai_api_without_a_key_fails_before_any_request_in_stream(
 ) -> None:
     """A key that disappears after construction (a child's environment) fails in ``stream()``.
 
-    Every request would go through the proxy below (``trust_env``), so an empty request log
-    proves that nothing was sent.
+    Every request goes through the proxy below (``$HTTPS_PROXY``; it refuses tunnels to
+    anything but loopback): while the key is there one request is seen there, so its log not
+    growing once the key is gone proves that nothing was sent.
     """
     monkeypatch.setenv("OPENAI_API_KEY", "sk-at-construction")
     model = OpenAIChatModel("gpt-4o-mini")
-    monkeypatch.delenv("OPENAI_API_KEY")
-    async with LoopbackServer([]) as proxy:
-        monkeypatch.setenv("HTTPS_PROXY", proxy.url.removesuffix("/v1"))
+    async with TunnelProxy() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
         async with asyncio.timeout(HANG_GUARD):
+            refused = await raises(model)
+            assert [(r.method, r.target) for r in proxy.requests] == [
+                ("CONNECT", "api.openai.com:443")
+            ]
+            monkeypatch.delenv("OPENAI_API_KEY")
             error = await raises(model)
+    assert isinstance(refused, TransientModelError) and "refused the tunnel" in str(refused)
     assert type(error) is ModelError and error.retryable is False
     assert "set OPENAI_API_KEY in the environment or pass api_key=" in str(error)
-    assert proxy.requests == []
+    assert len(proxy.requests) == 1
 
 
 # --- streaming ----------------------------------------------------------------------------------
@@ -600,7 +606,7 @@ def test_pickles_after_use_and_works_in_a_fresh_event_loop(dumps: Any) -> None:
 
     asyncio.run(use(model))  # first use caches what it can (the TLS context)
     data = dumps(model)
-    assert b"httpx" not in data and b"SSLContext" not in data
+    assert b"SSLContext" not in data
     copy = pickle.loads(data)
     assert isinstance(copy, OpenAIChatModel)
     assert (copy.model, copy.retry, copy.temperature, copy.max_tokens, copy.timeout) == (
@@ -630,8 +636,10 @@ model = cloudpickle.loads(sys.stdin.buffer.read())
 async def main():
     events = [e async for e in model.stream(ModelRequest(messages=(UserMessage("hi"),)))]
     response = events[-1].response
+    heavy = {"httpx", "httpcore", "h11", "anyio", "sniffio", "certifi"} & set(sys.modules)
     return {"deltas": [e.text for e in events[:-1]], "content": response.message.content,
-            "usage": [response.usage.input_tokens, response.usage.output_tokens]}
+            "usage": [response.usage.input_tokens, response.usage.output_tokens],
+            "heavy": sorted(heavy)}
 
 print(json.dumps(asyncio.run(main())))
 """
@@ -670,7 +678,8 @@ def test_works_in_a_freshly_spawned_interpreter() -> None:
         thread.join(HANG_GUARD)
     assert not thread.is_alive()
     assert child.returncode == 0, child.stderr.decode()
-    expected = {"deltas": ["Hel", "lo"], "content": "Hello", "usage": [12, 3]}
+    # an http:// request imports no third-party HTTP stack (nor the CA bundle: no TLS)
+    expected = {"deltas": ["Hel", "lo"], "content": "Hello", "usage": [12, 3], "heavy": []}
     assert json.loads(child.stdout) == expected
     assert servers[0].requests[0].body["messages"] == [{"role": "user", "content": "hi"}]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 
 from _openai_loopback import LoopbackServer, Reply, sse
 from test_openai_chat_model import TEXT_STREAM, chunk, usage_chunk
@@ -22,7 +23,9 @@ HANG_GUARD = 60
 
 
 def _pid() -> str:
-    return str(os.getpid())
+    """The child's pid, and which third-party HTTP stack it has imported by then (none)."""
+    heavy = {"httpx", "httpcore", "h11", "anyio", "sniffio"} & set(sys.modules)
+    return json.dumps({"pid": os.getpid(), "heavy": sorted(heavy)})
 
 
 PID_TOOL = AgentTool("pid", "Return the process id.", {"type": "object", "properties": {}}, _pid)
@@ -87,4 +90,7 @@ async def test_child_process_streams_from_the_endpoint_and_uses_a_tool() -> None
     assert [t["function"]["name"] for t in first.body["tools"]] == ["pid"]
     tool_answer = second.body["messages"][-1]
     assert tool_answer["role"] == "tool" and tool_answer["tool_call_id"] == "call-1"
-    assert int(tool_answer["content"]) != os.getpid()  # the tool ran in the child's process
+    child = json.loads(tool_answer["content"])
+    assert child["pid"] != os.getpid()  # the tool ran in the child's process
+    # after a request (and in a launcher that preloaded for OpenAIChatModel): no httpx stack
+    assert child["heavy"] == []

@@ -24,8 +24,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-import httpx
-
 from zett_agent._model import (
     ModelError,
     ModelEvent,
@@ -34,6 +32,7 @@ from zett_agent._model import (
     RetryOptions,
     TransientModelError,
 )
+from zett_agent.models import _http
 from zett_agent.models._openai_wire import (
     ResponseAccumulator,
     SSEDecoder,
@@ -52,6 +51,14 @@ _USER_AGENT = "zett-agent (OpenAI-compatible chat model)"
 
 #: The host of the OpenAI API itself, the one endpoint that always needs a key.
 _OPENAI_API_HOST = "api.openai.com"
+
+#: What a response may make the adapter hold: one SSE line (one streamed chunk), an error body
+#: (only its first few hundred characters are quoted), a complete JSON answer to a request the
+#: server did not stream (and as much data of one server-sent event, which is a whole answer
+#: from a server that puts no blank lines between its events).
+_MAX_LINE_BYTES = 8 * 2**20
+_MAX_ERROR_BYTES = 2**20
+_MAX_JSON_BYTES = 64 * 2**20
 
 
 class OpenAIChatModel:
@@ -84,9 +91,20 @@ class OpenAIChatModel:
     aimed at the OpenAI API with no key (the one-line message says to set the variable or pass
     ``api_key=``).
 
-    Child processes: ``child_preload`` names the module that imports the HTTP stack and loads
-    the CA bundle; a subagent extension's process pool imports it once in its launcher, so a
-    child on this model starts warm and shares that memory.
+    HTTP: each ``stream()`` opens one HTTP/1.1 connection of its own (a small client on asyncio
+    streams, ``zett_agent.models._http``; no connection pool, no HTTP/2) and closes it at the end.
+    ``https://`` certificates are verified against certifi's CA bundle, or ``$SSL_CERT_FILE`` /
+    ``$SSL_CERT_DIR`` when set (read once per process, when its TLS context is built). Proxies
+    come from the environment at each request: ``$HTTPS_PROXY``, ``$HTTP_PROXY``,
+    ``$ALL_PROXY`` (``http://`` proxies only; https goes through a ``CONNECT`` tunnel) and
+    ``$NO_PROXY``, in upper or lower case. Redirects are not followed. A response may not make
+    the adapter hold more than 64 KiB of headers, 8 MiB in one SSE line, 1 MiB of an error body
+    (more is not read: the status still decides) or 64 MiB of a non-streamed JSON answer (or
+    of the data of one server-sent event).
+
+    Child processes: ``child_preload`` names the module that loads the CA bundle and builds the
+    process's TLS context; a subagent extension's process pool imports it once in its launcher,
+    so a child on this model starts warm and shares that memory.
     """
 
     retry: RetryOptions
@@ -164,14 +182,18 @@ class OpenAIChatModel:
 
         Raises:
             TransientModelError: HTTP 408, 429 or 5xx (``status`` set; a ``Retry-After`` hint is
-                quoted in the message), a connection that failed or dropped, a timeout
+                quoted in the message), a connection that failed, dropped or ended mid-response
+                (a certificate that does not verify, a proxy that refused the tunnel), a timeout
                 (``status`` ``None``), or a stream that ended before the response was complete.
                 The runtime retries these per ``self.retry``.
-            ModelError: (``retryable=False``) no API key while aimed at the OpenAI API (raised
-                before any request is sent), any other HTTP error, with the server's own message
-                (401: check the API key; 404: check the model name and base URL), a malformed
-                stream, or a tool call whose arguments are not a JSON object (the message names
-                the tool and quotes the text).
+            ModelError: (``retryable=False``) no API key while aimed at the OpenAI API, or a
+                request that cannot be sent as configured (an unsupported proxy URL, a key with
+                a line break; both raised before anything is sent), any other HTTP error, with
+                the server's own message (401: check the API key; 404: check the model name and
+                base URL), a response that could not be decoded (malformed HTTP framing, more
+                than the bounds above, a compressed body), a malformed stream, or a tool call
+                whose arguments are not a JSON object (the message names the tool and quotes the
+                text).
 
         Cancellation: cancelling the consuming task, or closing the iterator early (``aclose()``,
         ``contextlib.aclosing``, ``break`` inside ``async with aclosing(...)``), closes the HTTP
@@ -197,44 +219,43 @@ class OpenAIChatModel:
         elif self._needs_key():
             raise ModelError(self._missing_key_message(), retryable=False)
         content = json.dumps(body, ensure_ascii=False).encode()
+        response: _http.Response | None = None
         try:
-            async with (
-                httpx.AsyncClient(
-                    timeout=httpx.Timeout(self.timeout),
-                    verify=self._ssl(),
-                    follow_redirects=False,
-                    trust_env=True,
-                ) as client,
-                client.stream("POST", self.url, content=content, headers=headers) as response,
-            ):
-                if response.status_code != 200:
-                    await response.aread()
-                    raise self._status_error(response, sent_key=bool(key))
-                accumulator = ResponseAccumulator()
-                if _is_json(response):
-                    # The server ignored stream=true and answered with one complete body.
-                    await response.aread()
-                    text = accumulator.add_chunk(_parse_json_body(response.content))
-                    if text:
-                        yield ModelEvent.text_delta(text)
-                else:
-                    async for text in _stream_text(response, accumulator):
-                        yield ModelEvent.text_delta(text)
-                final: ModelResponse = accumulator.response()
-        except httpx.TimeoutException as exc:
+            response = await _http.post(
+                self.url, content, headers, io_timeout=self.timeout, tls=self._ssl
+            )
+            if response.status != 200:
+                raise self._status_error(response, await _error_body(response), sent_key=bool(key))
+            accumulator = ResponseAccumulator()
+            if _is_json(response):
+                # The server ignored stream=true and answered with one complete body.
+                text = accumulator.add_chunk(
+                    _parse_json_body(await response.aread(_MAX_JSON_BYTES))
+                )
+                if text:
+                    yield ModelEvent.text_delta(text)
+            else:
+                async for text in _stream_text(response, accumulator):
+                    yield ModelEvent.text_delta(text)
+            final: ModelResponse = accumulator.response()
+        except _http.HTTPTimeout as exc:
             raise TransientModelError(
                 f"the model endpoint {self.url} did not answer within {self.timeout:g} s "
                 f"({type(exc).__name__}); raise timeout= if the server is just slow"
             ) from exc
-        except httpx.TransportError as exc:
+        except _http.TransportError as exc:
             raise TransientModelError(
-                f"could not talk to the model endpoint {self.url}: "
-                f"{type(exc).__name__}: {exc or 'connection failed'}"
+                f"could not talk to the model endpoint {self.url}: {exc}"
             ) from exc
-        except httpx.DecodingError as exc:
+        except _http.DecodingError as exc:
             raise ModelError(
                 f"the model endpoint {self.url} sent a response that could not be decoded: {exc}"
             ) from exc
+        except _http.RequestError as exc:
+            raise ModelError(f"cannot send a request to {self.url}: {exc}") from exc
+        finally:
+            if response is not None:
+                await response.aclose()
         yield ModelEvent.completed(final)
 
     def _resolve_key(self) -> str | None:
@@ -255,14 +276,12 @@ class OpenAIChatModel:
 
     def _ssl(self) -> ssl.SSLContext:
         if self._ssl_context is None:
-            from zett_agent.models._openai_preload import default_ssl_context
-
-            self._ssl_context = default_ssl_context()
+            self._ssl_context = _http.default_ssl_context()
         return self._ssl_context
 
-    def _status_error(self, response: httpx.Response, *, sent_key: bool) -> ModelError:
-        status = response.status_code
-        detail = error_detail(response.content)
+    def _status_error(self, response: _http.Response, body: bytes, *, sent_key: bool) -> ModelError:
+        status = response.status
+        detail = error_detail(body)
         where = f"the model endpoint {self.url} (model {self.model!r})"
         if status in _TRANSIENT_STATUSES or status >= 500:
             what = "rate-limited the request" if status == 429 else "failed"
@@ -300,24 +319,34 @@ class OpenAIChatModel:
 
 
 async def _stream_text(
-    response: httpx.Response, accumulator: ResponseAccumulator
+    response: _http.Response, accumulator: ResponseAccumulator
 ) -> AsyncIterator[str]:
     """The text deltas of an SSE response, feeding every chunk to ``accumulator``."""
     decoder = SSEDecoder()
-    done = False
-    async for line in response.aiter_lines():
-        data = decoder.feed(line)
-        if data is None:
-            continue
-        for chunk in decode_event(data) or [None]:
-            if chunk is None:
-                done = True
-                break
-            text = accumulator.add_chunk(chunk)
-            if text:
-                yield text
-        if done:
-            return
+    lines = response.aiter_lines(_MAX_LINE_BYTES)
+    held = 0  # characters of data the decoder holds for the event still open
+    try:
+        async for line in lines:
+            data = decoder.feed(line)
+            if data is None:
+                if line.startswith("data"):
+                    held += len(line)
+                    if held > _MAX_JSON_BYTES:
+                        raise ModelError(
+                            "the model endpoint sent one server-sent event of more than "
+                            f"{_MAX_JSON_BYTES} characters of data (a stream without blank "
+                            "lines between its events?)"
+                        )
+                continue
+            held = 0
+            for chunk in decode_event(data) or [None]:
+                if chunk is None:
+                    return
+                text = accumulator.add_chunk(chunk)
+                if text:
+                    yield text
+    finally:
+        await lines.aclose()  # now, not later through the loop's async-generator finaliser
     data = decoder.flush()
     if data is not None:
         for chunk in decode_event(data) or [None]:
@@ -334,7 +363,19 @@ async def _stream_text(
         )
 
 
-def _is_json(response: httpx.Response) -> bool:
+async def _error_body(response: _http.Response) -> bytes:
+    """The body of an error response, or a note saying why it is not there.
+
+    The status says what went wrong and whether to retry, so a body that cannot be read (too
+    large, malformed) does not replace it: the note takes the place of the server's message.
+    """
+    try:
+        return await response.aread(_MAX_ERROR_BYTES)
+    except _http.DecodingError as exc:
+        return f"(the error body was not read: {exc})".encode()
+
+
+def _is_json(response: _http.Response) -> bool:
     content_type: str = response.headers.get("content-type", "")
     return content_type.split(";")[0].strip().lower() == "application/json"
 

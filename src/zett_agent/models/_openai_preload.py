@@ -1,41 +1,23 @@
 """What ``OpenAIChatModel`` needs at its first request, imported ahead in a process pool's launcher.
 
-``httpx`` imports its transport stack (``httpcore``, ``h11``, ``anyio``) and loads the CA bundle
-only when the first client is built. A child agent doing that itself spends about 170 ms and
-7 MiB of memory of its own; done once in the launcher before it forks, every child shares it.
+The adapter's HTTP client (``zett_agent.models._http``, on asyncio streams) imports little, but
+its first ``https://`` request builds the process's verifying SSL context, loading certifi's CA
+bundle: tens of milliseconds and about a megabyte a child would otherwise pay on its own. Done
+once in the launcher before it forks, every child shares it. The TLS handshake also encodes the
+server's name with the ``idna`` codec, imported on first use: imported here too.
 ``OpenAIChatModel.child_preload`` names this module, so the subagent extensions preload it
 whenever a child will run on ``OpenAIChatModel``.
 """
 
 from __future__ import annotations
 
-import ssl
+import encodings.idna  # noqa: F401
 
-import anyio._backends._asyncio
-import anyio.streams.tls
-import anyio.to_thread  # noqa: F401
 import certifi  # noqa: F401
-import h11  # noqa: F401
-import httpcore
-import httpcore._async
-import httpcore._backends.anyio  # noqa: F401
-import httpx
+
+from zett_agent.models import _http
+from zett_agent.models._http import default_ssl_context
 
 __all__ = ["default_ssl_context"]
 
-_context: ssl.SSLContext | None = None
-
-
-def default_ssl_context() -> ssl.SSLContext:
-    """The process's one verifying SSL context (CA bundle loaded once, tens of ms).
-
-    Shared by every ``OpenAIChatModel`` of the process; built here at import when this module
-    is preloaded (a launcher), else on first use.
-    """
-    global _context
-    if _context is None:
-        _context = httpx.create_ssl_context()
-    return _context
-
-
-default_ssl_context()
+_http.default_ssl_context()
