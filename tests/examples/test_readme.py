@@ -32,6 +32,7 @@ EXAMPLE_OUTPUT: dict[str, str | None] = {
     "tour.py": "The auditor says: ",
     "confined.py": "The child runs with umask 0077, RLIMIT_NPROC 64",
     "fastapi_app.py": None,  # an ASGI app: served by uvicorn in test_fastapi_example.py
+    "ray_children.py": None,  # needs a Ray cluster: run on the test cluster in tests/ray_runner
 }
 
 _FENCE = re.compile(r"^( *)```python\n(.*?)^\1```$", re.MULTILINE | re.DOTALL)

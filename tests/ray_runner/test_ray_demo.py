@@ -1,5 +1,5 @@
-"""``zett-agent demo --ray ADDRESS``: the demo's children on the test cluster, read through
-``--json`` as a user would."""
+"""``zett-agent demo --ray ADDRESS`` and the README's Ray example: their children on the test
+cluster, read as a user would (the demo through ``--json``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "_examples" / "ray_children.py"
 
 HANG_GUARD = 120
 
@@ -55,3 +57,24 @@ def test_a_folder_given_as_the_ray_address_is_refused_with_the_fix(tmp_path: Pat
         f"zett-agent demo: --ray got {str(tmp_path)!r}, which is a folder: put the folder "
         f"first (zett-agent demo {tmp_path} --ray) or give an address (--ray auto)"
     ]
+
+
+@pytest.mark.ray
+def test_the_readme_example_runs_its_children_on_the_cluster(ray_cluster: dict[str, Any]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), ray_cluster["address"]],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    nodes = {node[:12] for node in ray_cluster["nodes"].values()}
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(" (on node ")[0] for line in lines] == [
+        "auth: 3 entry points",
+        "billing: 3 entry points",
+    ]
+    assert all(line.split(" (on node ")[1].rstrip(")") in nodes for line in lines), lines

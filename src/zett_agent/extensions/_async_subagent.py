@@ -476,9 +476,11 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         report, so listings stay short.
         """
         extra: dict[str, Any] = {}
-        if not task.done() and task.job is not None:
-            task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
-            self._record_usage(task)
+        if task.job is not None:
+            if not task.done():
+                task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
+                self._record_usage(task)
+            # what still holds once it ended too, such as the Ray node it ran on
             extra = dict(task.job.info())
         info = SubAgentTaskInfo(
             task_id=task.task_id,

@@ -66,8 +66,9 @@ class ChildJob(Protocol):
 
     def info(self) -> Mapping[str, Any]:
         """Runner-specific facts for ``task_info`` (JSON-compatible): why a child still waits,
-        which node runs it... Keys here are added to the task's info while it runs; an empty
-        mapping adds nothing."""
+        which node runs it... Keys here are added to the task's info, while it runs and after it
+        ended (return only what still holds then: the node it ran on, not why it waits); an
+        empty mapping adds nothing."""
         ...
 
 
