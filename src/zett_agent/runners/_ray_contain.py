@@ -546,6 +546,7 @@ def kill(
     *,
     wait_sentinel: bool = True,
     worker_grace: float = 0.0,
+    worker_ends: bool = False,
 ) -> bool:
     """Kill the whole tree (the worker included) and wait until it is gone; True if it is.
 
@@ -554,7 +555,10 @@ def kill(
     also waits for the task's sentinel to finish (it exits once the worker is dead), so that
     nothing of the task is left when this returns. ``worker_grace`` (cgroup mode): seconds to
     let the worker exit on its own first (Ray ends a force-cancelled worker itself, quietly;
-    a worker we kill makes Ray log an unexpected death).
+    a worker we kill makes Ray log an unexpected death). ``worker_ends``: Ray ended the task
+    without its report (a force cancel, a crash), so the worker process is dying whether or
+    not it still counts as running the task: wait until it is gone too (scan mode lets a
+    worker that no longer runs the task go, and Ray may report the end before it exited).
     """
     deadline = time.monotonic() + timeout
     if tree["mode"] == "cgroup":
@@ -576,6 +580,13 @@ def kill(
             spare=spare,
             deadline=deadline,
         )
+    if worker_ends:
+        worker = _pidfd(tree["pid"], tree["start"])
+        if worker is not None:
+            try:
+                gone = _readable(worker, max(0.0, deadline - time.monotonic())) and gone
+            finally:
+                os.close(worker)
     if wait_sentinel and tree.get("sentinel"):
         pid, start = tree["sentinel"]
         fd = _pidfd(pid, start)

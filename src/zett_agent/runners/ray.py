@@ -117,8 +117,14 @@ class _Reaper:
     def __init__(self) -> None:
         _ray_contain.sweep()
 
-    def kill(self, tree: dict[str, Any], timeout: float, worker_grace: float = 0.0) -> bool:
-        return _ray_contain.kill(tree, timeout, worker_grace=worker_grace)
+    def kill(
+        self,
+        tree: dict[str, Any],
+        timeout: float,
+        worker_grace: float = 0.0,
+        worker_ends: bool = False,
+    ) -> bool:
+        return _ray_contain.kill(tree, timeout, worker_grace=worker_grace, worker_ends=worker_ends)
 
     def crash(self, crash_file: str) -> str | None:
         return _ray_contain.crash_signal(crash_file)
@@ -376,8 +382,14 @@ class RayJob:
         if self._tree is not None:
             # Whatever killed the worker, nothing of its tree may outlive the outcome.
             deadline = time.monotonic() + runner.kill_timeout
+            # a worker Ray ended (cancelled, crashed, killed) may still be exiting: it is part
+            # of the tree, so the outcome waits for it too (a worker whose task failed in Ray
+            # before the child ran lives on, reused)
+            ends = self._kill_reason is not None or isinstance(
+                error, rex.TaskCancelledError | rex.WorkerCrashedError | rex.OutOfMemoryError
+            )
             self.tree_gone = await runner._kill_tree(
-                self._tree, self.node_id, deadline, node_dead=node_lost
+                self._tree, self.node_id, deadline, node_dead=node_lost, worker_ends=ends
             )
         if self._kill_reason is not None:
             return self._kill_reason
@@ -785,6 +797,7 @@ class RayRunner:
         *,
         node_dead: bool = False,
         worker_grace: float = 0.0,
+        worker_ends: bool = False,
     ) -> bool:
         """Kill a child's tree and wait until it is gone; True once confirmed. Never raises.
 
@@ -794,12 +807,20 @@ class RayRunner:
         left = deadline - time.monotonic()
         try:
             if self._is_local(tree):
-                kill = functools.partial(_ray_contain.kill, worker_grace=worker_grace)
+                kill = functools.partial(
+                    _ray_contain.kill, worker_grace=worker_grace, worker_ends=worker_ends
+                )
                 return await _in_thread(kill, tree, max(0.1, left))
             if node_dead or node_id is None:
                 return False
             result: bool = await self._call_reaper(
-                node_id, "kill", tree, max(0.1, left - 1), worker_grace, deadline=deadline
+                node_id,
+                "kill",
+                tree,
+                max(0.1, left - 1),
+                worker_grace,
+                worker_ends,
+                deadline=deadline,
             )
             return result
         except Exception:
