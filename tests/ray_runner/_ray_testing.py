@@ -10,18 +10,16 @@ import socket
 import time
 from typing import Any
 
-import psutil
+from _liveness import alive
 
 #: hang guard for one child's whole life (a fresh Ray worker starts in a second or two here)
 BOUND = 60.0
 
 
 def gone(pid: int) -> bool:
-    """Whether a process is dead (reaped, or a zombie awaiting its parent)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    """Whether a process is dead (reaped, a zombie awaiting its parent, or in its last exit
+    step: see ``_liveness.alive``)."""
+    return not alive(pid)
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:

@@ -91,6 +91,12 @@ async def test_task_cancel_kills_a_never_yielding_child_and_task_info_names_its_
 
     async def until_spinning() -> str:
         tree.update(await beacons.next())
+        # the child's beacon can overtake Ray's stream, which tells the host where it runs;
+        # the job has no event for that, so it is looked at every few milliseconds
+        [task] = extension.tasks("parent")
+        async with asyncio.timeout(BOUND):
+            while task.job is None or task.job.pid is None:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
         return "spinning"
 
     async with AsyncSubAgentExtension([spinner], runner=runner) as extension:
