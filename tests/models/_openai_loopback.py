@@ -21,10 +21,11 @@ import asyncio
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 TLS_DIR = Path(__file__).parent / "tls"
 #: the test CA that signed the loopback server's certificate (see tls/README.md)
@@ -84,20 +85,31 @@ def json_reply(status: int, body: Any, headers: dict[str, str] | None = None) ->
     )
 
 
-class LoopbackServer:
-    def __init__(self, replies: Sequence[Reply], *, tls: ssl.SSLContext | None = None) -> None:
+async def read_request_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
+    """The method, target and headers (names in lower case) of the request ``reader`` holds."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    request_line, *header_lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = request_line.split(" ", 2)
+    headers = {}
+    for line in header_lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return method, target, headers
+
+
+class _Served:
+    """A server on 127.0.0.1 whose connection handlers end with it (``async with``)."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls
-        self._replies = list(replies)
-        self.requests: list[Received] = []
-        self.client_gone = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
-        self.url = ""
+        self.port = 0
 
-    async def __aenter__(self) -> LoopbackServer:
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self._tls)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{port}/v1"
+        self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -108,24 +120,32 @@ class LoopbackServer:
         await asyncio.gather(*self._handlers, return_exceptions=True)
         await self._server.wait_closed()
 
-    @property
-    def unused_replies(self) -> int:
-        return len(self._replies)
-
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.get_running_loop().create_task(self._handle(reader, writer))
         self._handlers.add(task)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class LoopbackServer(_Served):
+    def __init__(self, replies: Sequence[Reply], *, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(tls)
+        self._replies = list(replies)
+        self.requests: list[Received] = []
+        self.client_gone = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self._tls else 'http'}://127.0.0.1:{self.port}/v1"
+
+    @property
+    def unused_replies(self) -> int:
+        return len(self._replies)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
-            method, path, _ = request_line.split(" ", 2)
-            headers = {}
-            for line in header_lines:
-                if line:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
+            method, path, headers = await read_request_head(reader)
             raw = await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append(Received(method, path, headers, json.loads(raw) if raw else None))
             reply = self._replies.pop(0) if self._replies else json_reply(599, "unscripted")
@@ -171,41 +191,19 @@ class ProxyRequest:
     headers: dict[str, str]
 
 
-class TunnelProxy:
+class TunnelProxy(_Served):
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[ProxyRequest] = []
-        self.url = ""
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
 
-    async def __aenter__(self) -> TunnelProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._handle(reader, writer))
-        self._handlers.add(task)
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            request_line, *header_lines = head.decode("latin-1").split("\r\n")
-            method, target, _ = request_line.split(" ", 2)
-            headers = {}
-            for line in header_lines:
-                if line:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
+            method, target, headers = await read_request_head(reader)
             self.requests.append(ProxyRequest(method, target, headers))
             if method == "CONNECT":
                 host, _, port = target.rpartition(":")
@@ -240,3 +238,34 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 
 async def collect(stream: AsyncIterator[Any]) -> list[Any]:
     return [event async for event in stream]
+
+
+@contextlib.contextmanager
+def served_in_thread(
+    replies: Sequence[Reply], *, tls: ssl.SSLContext | None = None, guard: float = 60.0
+) -> Iterator[LoopbackServer]:
+    """A ``LoopbackServer`` on its own event loop in a thread, for a test that blocks (on a
+    child interpreter, say) while the server answers; stopped and joined on exit."""
+    ready = threading.Event()
+    stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+    servers: list[LoopbackServer] = []
+
+    async def serve() -> None:
+        done = asyncio.Event()
+        async with LoopbackServer(replies, tls=tls) as server:
+            servers.append(server)
+            stop.append((asyncio.get_running_loop(), done))
+            ready.set()
+            await asyncio.wait_for(done.wait(), guard)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    try:
+        assert ready.wait(guard), "the loopback server did not start"
+        yield servers[0]
+    finally:
+        if stop:
+            loop, done = stop[0]
+            loop.call_soon_threadsafe(done.set)
+        thread.join(guard)
+        assert not thread.is_alive(), "the loopback server's thread did not end"

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import cast
@@ -24,6 +23,7 @@ from _openai_loopback import (
     Reply,
     TunnelProxy,
     collect,
+    served_in_thread,
     server_tls,
     sse,
 )
@@ -486,35 +486,14 @@ print(json.dumps(asyncio.run(main())))
 
 def test_a_first_https_request_imports_nothing_the_preload_did_not() -> None:
     """A child forked after the preload pays no import at its first request, TLS included."""
-    ready = threading.Event()
-    stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-    servers: list[LoopbackServer] = []
-
-    async def serve() -> None:
-        done = asyncio.Event()
-        async with LoopbackServer([Reply(chunks=TEXT_STREAM)], tls=server_tls()) as server:
-            servers.append(server)
-            stop.append((asyncio.get_running_loop(), done))
-            ready.set()
-            await asyncio.wait_for(done.wait(), 60)
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),))
-    thread.start()
-    try:
-        assert ready.wait(HANG_GUARD)
+    with served_in_thread([Reply(chunks=TEXT_STREAM)], tls=server_tls()) as server:
         child = subprocess.run(
-            [sys.executable, "-c", _WARM_CHILD, servers[0].url],
+            [sys.executable, "-c", _WARM_CHILD, server.url],
             env={**os.environ, "SSL_CERT_FILE": TEST_CA},
             capture_output=True,
             timeout=60,
             check=False,
         )
-    finally:
-        if stop:
-            loop, done = stop[0]
-            loop.call_soon_threadsafe(done.set)
-        thread.join(HANG_GUARD)
-    assert not thread.is_alive()
     assert child.returncode == 0, child.stderr.decode()
     assert json.loads(child.stdout) == {"content": "Hello", "imported": []}
-    assert len(servers[0].requests) == 1
+    assert len(server.requests) == 1

@@ -7,14 +7,21 @@ import json
 import pickle
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import cloudpickle
 import pytest
 import uvloop
-from _openai_loopback import LoopbackServer, Reply, TunnelProxy, collect, json_reply, sse
+from _openai_loopback import (
+    LoopbackServer,
+    Reply,
+    TunnelProxy,
+    collect,
+    json_reply,
+    served_in_thread,
+    sse,
+)
 
 import zett_agent.models
 import zett_agent.models.openai
@@ -647,23 +654,8 @@ print(json.dumps(asyncio.run(main())))
 
 def test_works_in_a_freshly_spawned_interpreter() -> None:
     """The model has no state bound to the parent's loop or process: ship it and use it."""
-    ready = threading.Event()
-    stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-    servers: list[LoopbackServer] = []
-
-    async def serve() -> None:
-        done = asyncio.Event()
-        async with LoopbackServer([Reply(chunks=TEXT_STREAM)]) as server:
-            servers.append(server)
-            stop.append((asyncio.get_running_loop(), done))
-            ready.set()
-            await asyncio.wait_for(done.wait(), 60)
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),))
-    thread.start()
-    try:
-        assert ready.wait(HANG_GUARD)
-        model = OpenAIChatModel("m", base_url=servers[0].url)
+    with served_in_thread([Reply(chunks=TEXT_STREAM)]) as server:
+        model = OpenAIChatModel("m", base_url=server.url)
         child = subprocess.run(
             [sys.executable, "-c", _CHILD],
             input=cloudpickle.dumps(model),
@@ -671,17 +663,11 @@ def test_works_in_a_freshly_spawned_interpreter() -> None:
             timeout=60,
             check=False,
         )
-    finally:
-        if stop:
-            loop, done = stop[0]
-            loop.call_soon_threadsafe(done.set)
-        thread.join(HANG_GUARD)
-    assert not thread.is_alive()
     assert child.returncode == 0, child.stderr.decode()
     # an http:// request imports no third-party HTTP stack (nor the CA bundle: no TLS)
     expected = {"deltas": ["Hel", "lo"], "content": "Hello", "usage": [12, 3], "heavy": []}
     assert json.loads(child.stdout) == expected
-    assert servers[0].requests[0].body["messages"] == [{"role": "user", "content": "hi"}]
+    assert server.requests[0].body["messages"] == [{"role": "user", "content": "hi"}]
 
 
 def test_runs_under_uvloop() -> None:
