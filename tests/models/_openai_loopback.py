@@ -85,8 +85,11 @@ def json_reply(status: int, body: Any, headers: dict[str, str] | None = None) ->
     )
 
 
-async def read_request_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
-    """The method, target and headers (names in lower case) of the request ``reader`` holds."""
+async def read_request_head(
+    reader: asyncio.StreamReader,
+) -> tuple[str, str, dict[str, str], bytes]:
+    """The method, target, headers (names in lower case) and raw head of the request
+    ``reader`` holds."""
     head = await reader.readuntil(b"\r\n\r\n")
     request_line, *header_lines = head.decode("latin-1").split("\r\n")
     method, target, _ = request_line.split(" ", 2)
@@ -95,7 +98,7 @@ async def read_request_head(reader: asyncio.StreamReader) -> tuple[str, str, dic
         if line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-    return method, target, headers
+    return method, target, headers, head
 
 
 class _Served:
@@ -145,7 +148,7 @@ class LoopbackServer(_Served):
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            method, path, headers = await read_request_head(reader)
+            method, path, headers, _head = await read_request_head(reader)
             raw = await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append(Received(method, path, headers, json.loads(raw) if raw else None))
             reply = self._replies.pop(0) if self._replies else json_reply(599, "unscripted")
@@ -203,7 +206,7 @@ class TunnelProxy(_Served):
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
         try:
-            method, target, headers = await read_request_head(reader)
+            method, target, headers, head = await read_request_head(reader)
             self.requests.append(ProxyRequest(method, target, headers))
             if method == "CONNECT":
                 host, _, port = target.rpartition(":")
