@@ -122,7 +122,9 @@ async def test_cancel_a_queued_child(runner: RayRunner) -> None:
     await asyncio.wait_for(anext(first.events()), BOUND)
     queued = await runner.submit_function(kids.echo, 1, resources={"w1": 1})
     await asyncio.wait_for(queued.cancel(), BOUND)
-    assert isinstance(queued.exception(), JobCancelled) and queued.node_id is None
+    assert isinstance(queued.exception(), JobCancelled)
+    # Ray may have started it just as the cancel came: then what it started is gone too
+    assert queued.node_id is None or queued.tree_gone, (queued.node_id, queued.tree_gone)
     await asyncio.wait_for(first.cancel(), BOUND)
     assert isinstance(first.exception(), JobCancelled) and first.tree_gone
 

@@ -64,6 +64,7 @@ __all__ = [
     "start_time",
     "sweep",
     "views",
+    "wait_sentinels",
 ]
 
 #: the directory, under the worker's own cgroup, that holds one cgroup per running task
@@ -653,6 +654,36 @@ FATAL_LINES = {
     "Floating-point exception": "SIGFPE",
     "Illegal instruction": "SIGILL",
 }
+
+
+def wait_sentinels(token: str, timeout: float = 10.0) -> bool:
+    """Wait until no sentinel process of the task ``token`` runs on this node; True if none.
+
+    For a task killed before its host learned its tree (a cancel right as it started): its
+    sentinel, if ``enter`` got to start one, kills the tree once the worker is dead, then
+    exits. Found by its command line, which names the token.
+    """
+    deadline = time.monotonic() + timeout
+    needle = token.encode()
+    fds: list[int] = []
+    try:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 8 and argv[4] == b"sentinel" and argv[8] == needle:
+                fd = _pidfd(int(entry), None)
+                if fd is not None:
+                    fds.append(fd)
+        _wait_fds(fds, deadline)
+        return all(_readable(fd, 0) for fd in fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # -- the sentinel ------------------------------------------------------------------------------

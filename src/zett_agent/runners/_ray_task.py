@@ -176,6 +176,14 @@ def run_task(
     xcpu = open(crash_file + ".xcpu", "w")  # noqa: SIM115 (closed in finally)
     stat = os.fstat(crash.fileno())
     tree: dict[str, Any] | None = None
+    # Where the task runs, in the cluster's key-value store before anything starts: a worker
+    # killed from here on (a cancel as it starts) may never deliver a message, and the parent
+    # must still find what it left (the sentinel, which then kills the tree) on this node.
+    internal_kv._internal_kv_put(
+        kv_key(token),
+        _dumps("node", node=node, views=_ray_contain.views()),
+        namespace=KV_NAMESPACE,
+    )
     try:
         try:
             _apply_limits(limits)  # first: the sentinel enter() starts needs little
@@ -198,8 +206,8 @@ def run_task(
         if tree is not None:
             faulthandler.unregister(signal.SIGXCPU)
             faulthandler.enable()  # back to stderr
-            with contextlib.suppress(Exception):
-                internal_kv._internal_kv_del(kv_key(token), namespace=KV_NAMESPACE)
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(kv_key(token), namespace=KV_NAMESPACE)
         for handle in (crash, xcpu):
             handle.close()
             with contextlib.suppress(OSError):

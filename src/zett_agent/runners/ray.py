@@ -129,6 +129,9 @@ class _Reaper:
     def crash(self, crash_file: str) -> str | None:
         return _ray_contain.crash_signal(crash_file)
 
+    def wait_sentinels(self, token: str, timeout: float) -> bool:
+        return _ray_contain.wait_sentinels(token, timeout)
+
     def ping(self) -> bool:
         return True
 
@@ -203,6 +206,8 @@ class RayJob:
         #: hex id of the Ray node the child runs (or ran) on, once it started
         self.node_id: str | None = None
         self._tree: dict[str, Any] | None = None
+        #: where the task started, known before its tree (from the note it leaves first)
+        self._views: list[str] | None = None
         self._crash: tuple[str, list[int]] | None = None
         self._running = False
         self._loop = asyncio.get_running_loop()
@@ -379,6 +384,13 @@ class RayJob:
             node_lost = isinstance(error, rex.NodeDiedError | rex.LocalRayletDiedError) or (
                 self.node_id is not None and await runner._node_lost(self.node_id)
             )
+        if self._tree is None and self._views is not None:
+            # killed as it started, before its tree was known here: its sentinel (if it got
+            # one) kills the tree once the worker is dead; the outcome waits for that
+            deadline = time.monotonic() + runner.kill_timeout
+            self.tree_gone = await runner._wait_sentinels(
+                self._token, self._views, self.node_id, deadline
+            )
         if self._tree is not None:
             # Whatever killed the worker, nothing of its tree may outlive the outcome.
             deadline = time.monotonic() + runner.kill_timeout
@@ -431,6 +443,10 @@ class RayJob:
             return
         if note:
             start = json.loads(note)
+            self.node_id = str(start["node"])
+            if start.get("k") == "node":  # the task had not started the child's tree yet
+                self._views = list(start["views"])
+                return
             self._tree = start["tree"]
             self.node_id = str(start["node"])
             self._crash = (str(start["crash"]), list(start["crash_ident"]))
@@ -784,6 +800,25 @@ class RayRunner:
         return job
 
     # -- killing, per node ------------------------------------------------------------------
+
+    async def _wait_sentinels(
+        self, token: str, views: list[str], node_id: str | None, deadline: float
+    ) -> bool:
+        """Wait until no sentinel of task ``token`` runs on its node; True once confirmed.
+        Never raises."""
+        left = deadline - time.monotonic()
+        try:
+            if self._is_local({"views": views}):
+                return await _in_thread(_ray_contain.wait_sentinels, token, max(0.1, left))
+            if node_id is None:
+                return False
+            result: bool = await self._call_reaper(
+                node_id, "wait_sentinels", token, max(0.1, left - 1), deadline=deadline
+            )
+            return result
+        except Exception:
+            log.debug("waiting for a sentinel on node %s failed", node_id, exc_info=True)
+            return False
 
     def _is_local(self, tree: Mapping[str, Any]) -> bool:
         """Whether the tree's node is this machine, seen as this process sees it."""
