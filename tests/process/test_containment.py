@@ -349,6 +349,25 @@ async def test_cancelling_an_outer_job_kills_a_nested_pools_workers(
         assert survivors(record) == []
 
 
+def _present(cgroup: str) -> bool:
+    return os.path.isdir(cgroup)  # (cgroupfs lives in memory: nothing to block on)
+
+
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="no cgroup containment here")
+async def test_looking_whether_cgroups_work_leaves_nothing() -> None:
+    host, _ = _cgroup._base()
+    assert host is not None
+    base = f"{host}/{_cgroup.DIR_NAME}"
+    # absent when no pool is open (a dead host's stale pools keep it until the next pool)
+    existed = _present(base)
+    assert _cgroup.cgroup_problem() is None
+    assert _present(base) == existed  # a look adds nothing
+    async with ProcessPool(1, containment="cgroup") as pool:
+        assert await pool.submit(abs, -1) == 1
+        assert _cgroup.cgroup_problem() is None
+        assert _present(base)  # a pool's shared cgroup stays while it is open
+
+
 @pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="no cgroup containment here")
 async def test_a_pools_cgroups_are_removed_at_close_and_a_dead_hosts_by_the_next_pool(
     tmp_path: Path,

@@ -165,6 +165,9 @@ class Host:
         _gone, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
         self._reap()
         still = [p.pid for p in alive] + [p for p in self.ever if _alive(p)]
+        # The runner keeps the base of its task cgroups on a node (other drivers' tasks may
+        # use it any time); with the cluster gone, the tests remove it, empty, from this machine.
+        _remove_task_cgroup_base()
         return {"alive": sorted(set(still))}
 
     def _reap(self) -> None:
@@ -189,6 +192,15 @@ def _task_cgroups() -> list[str]:
     except OSError:
         return []
     return sorted(name for name in names if name.startswith("task-"))
+
+
+def _remove_task_cgroup_base() -> None:
+    from zett_agent.runners import _ray_contain
+
+    own = _ray_contain._own_cgroup()
+    if own is not None:
+        with contextlib.suppress(OSError):  # not there, or not empty: left as it is
+            os.rmdir(f"{own}/{_ray_contain.DIR_NAME}")
 
 
 def _is_raylet(proc: psutil.Process) -> bool:

@@ -164,8 +164,11 @@ def _base() -> tuple[str | None, str]:
     return path, ""
 
 
-def cgroup_problem() -> str | None:
+def cgroup_problem(*, keep: bool = False) -> str | None:
     """Why cgroup containment is not available here, in one line, or ``None`` if it is.
+
+    The pools' shared cgroup is created to find out; unless ``keep``, it is removed again if
+    this call created it (a look leaves nothing behind).
 
     Available means: a cgroup v2 hierarchy is mounted, the cgroup this process runs in lets it
     create cgroups (root, or a delegated subtree such as a systemd ``Delegate=yes`` scope), and
@@ -175,6 +178,7 @@ def cgroup_problem() -> str | None:
     if host is None:
         return reason
     base = f"{host}/{DIR_NAME}"
+    created = not os.path.isdir(base)
     try:
         os.makedirs(base, exist_ok=True)
     except OSError as exc:
@@ -182,11 +186,17 @@ def cgroup_problem() -> str | None:
             f"cannot create cgroups in {host} ({exc.strerror}); run as root or in a delegated "
             "cgroup"
         )
-    if not os.path.exists(f"{base}/cgroup.kill"):
-        return "this kernel has no cgroup.kill (Linux 5.14 or newer is needed)"
-    if not os.access(f"{base}/cgroup.procs", os.W_OK):
-        return f"cannot move processes into {base} (no write access to cgroup.procs)"
-    return None
+    try:
+        if not os.path.exists(f"{base}/cgroup.kill"):
+            return "this kernel has no cgroup.kill (Linux 5.14 or newer is needed)"
+        if not os.access(f"{base}/cgroup.procs", os.W_OK):
+            return f"cannot move processes into {base} (no write access to cgroup.procs)"
+        return None
+    finally:
+        if created and not keep:
+            # a pool starting meanwhile keeps it: a cgroup with cgroups inside stays
+            with contextlib.suppress(OSError):
+                os.rmdir(base)
 
 
 class PoolCgroup:
@@ -213,7 +223,7 @@ class PoolCgroup:
 
         Raises ``OSError`` with the reason (``cgroup_problem``) when cgroups cannot be used.
         """
-        problem = cgroup_problem()
+        problem = cgroup_problem(keep=True)
         host, _ = _base()
         if problem is not None or host is None:
             raise OSError(errno.EPERM, problem or "no cgroup v2")
@@ -222,7 +232,8 @@ class PoolCgroup:
         controllers = _enable(base)
         me = os.getpid()
         path = f"{base}/pool-{me}-{_start_time(me)}-{next(_counter)}"
-        os.mkdir(path)
+        # (the shared cgroup too, if another host's pool just removed it, empty, on closing)
+        os.makedirs(path)
         try:
             os.mkdir(f"{path}/launcher")
             os.mkdir(f"{path}/workers")
