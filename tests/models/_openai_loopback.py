@@ -146,6 +146,13 @@ class LoopbackServer(_Served):
     def unused_replies(self) -> int:
         return len(self._replies)
 
+    async def _until_client_gone(self, reader: asyncio.StreamReader) -> None:
+        """Wait for the client to hang up: read() returns b"" at EOF or raises on reset."""
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(1024):
+                pass
+        self.client_gone.set()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             method, path, headers, _head = await read_request_head(reader)
@@ -159,10 +166,7 @@ class LoopbackServer(_Served):
                     writer.write(piece)
                     await writer.drain()
                 if reply.hold:
-                    with contextlib.suppress(ConnectionError):
-                        while await reader.read(1024):
-                            pass
-                    self.client_gone.set()
+                    await self._until_client_gone(reader)
                 return
             reason = _REASONS.get(reply.status, "Whatever")
             lines = [f"HTTP/1.1 {reply.status} {reason}"]
@@ -173,11 +177,7 @@ class LoopbackServer(_Served):
                 writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
                 await writer.drain()
             if reply.hold:
-                # Wait for the client to hang up: read() returns b"" at EOF or raises on reset.
-                with contextlib.suppress(ConnectionError):
-                    while await reader.read(1024):
-                        pass
-                self.client_gone.set()
+                await self._until_client_gone(reader)
                 return
             writer.write(b"0\r\n\r\n")
             await writer.drain()
