@@ -25,6 +25,7 @@ import contextlib
 import errno
 import itertools
 import os
+from collections.abc import Callable
 
 __all__ = [
     "DIR_NAME",
@@ -85,26 +86,73 @@ def populated(cgroup: str) -> bool:
     return False
 
 
-def remove_tree(cgroup: str) -> bool:
+def remove_tree(cgroup: str, stop: Callable[[], bool] | None = None) -> bool:
     """Remove ``cgroup`` and every cgroup below it, deepest first; True if it is gone.
 
-    Only empty cgroups can be removed: kill first and wait for ``populated 0``.
+    Only empty cgroups can be removed: kill first and wait for ``populated 0``. Iterative and
+    relative to directory descriptors, so no structure a job built below its cgroup (of any
+    depth, with names of any length) exhausts the stack or the path length; its cost grows with
+    what the job made (call it off the event loop, see ``_janitor``), and ``stop``, looked at
+    before every step, ends it early (False then). Interface files are left alone.
     """
     try:
-        entries = list(os.scandir(cgroup))
-    except FileNotFoundError:
+        root = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
         return True
+    except OSError:
+        return False
     ok = True
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            ok = remove_tree(entry.path) and ok
+    #: the directories open on the way down: (fd, names of its subdirectories not done yet)
+    stack: list[tuple[int, list[str]]] = []
     try:
-        os.rmdir(cgroup)
+        stack.append((root, _subdirs(root)))
+        while stack:
+            if stop is not None and stop():
+                return False
+            fd, names = stack[-1]
+            if not names:
+                stack.pop()
+                os.close(fd)
+                if stack:  # its parent removes it
+                    ok = _rmdir(stack[-1][0], stack[-1][1].pop()) and ok
+                continue
+            try:
+                child = os.open(names[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                names.pop()
+                continue
+            except OSError:  # out of descriptors on a structure deeper than allowed: leave it
+                names.pop()
+                ok = False
+                continue
+            stack.append((child, _subdirs(child)))
+    finally:
+        for fd, _names in stack:
+            os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        try:
+            os.rmdir(cgroup)
+        except OSError:
+            return False
+    return ok
+
+
+def _subdirs(fd: int) -> list[str]:
+    try:
+        with os.scandir(fd) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _rmdir(parent: int, name: str) -> bool:
+    try:
+        os.rmdir(name, dir_fd=parent)
     except FileNotFoundError:
         pass
     except OSError:
         return False
-    return ok
+    return True
 
 
 def _v2_mount() -> str | None:
