@@ -292,14 +292,14 @@ class PoolCgroup:
             raise
         return cls(path, controllers, stale)
 
-    def remove(self) -> bool:
+    def remove(self, stop: Callable[[], bool] | None = None) -> bool:
         """Kill whatever is left in the pool's cgroups and remove them; True if all are gone.
 
         Processes killed here may take a moment to exit; a cgroup still populated is left for
-        the next pool to remove (``remove_stale``).
+        the next pool to remove (``remove_stale``). ``stop`` as for ``remove_tree``.
         """
         kill(self.path)
-        gone = remove_tree(self.path)
+        gone = remove_tree(self.path, stop)
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(self.path))  # the shared zett-agent cgroup, if now empty
         return gone

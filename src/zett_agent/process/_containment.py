@@ -24,11 +24,13 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import _cgroup, _scan
+from ._janitor import Janitor
 from ._limits import ProcessLimits
 from ._linux import Inotify
 
@@ -69,11 +71,13 @@ class Containment(abc.ABC):
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._janitor: Janitor | None = None
 
-    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+    def open(self, loop: asyncio.AbstractEventLoop, janitor: Janitor) -> None:
         """Get ready on ``loop``; raises ``OSError`` with the reason if this strategy cannot
-        work here."""
+        work here. Removals whose cost a job decides go to ``janitor``, off the loop."""
         self._loop = loop
+        self._janitor = janitor
 
     @abc.abstractmethod
     def launcher_args(self) -> dict[str, str]:
@@ -122,7 +126,8 @@ class Containment(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release everything (after the launcher exited)."""
+        """Release everything (after the launcher exited); removals still to do are handed to
+        the janitor, which the pool closes next."""
 
     def _dead(self, tree: Tree) -> None:
         if tree.dead:
@@ -145,10 +150,9 @@ class CgroupContainment(Containment):
         #: what to call once a lost launcher's workers are all dead, and the watch for that
         self._lost: list[Callable[[], None]] = []
         self._lost_wd: int | None = None
-        self._stale_timer: asyncio.TimerHandle | None = None
 
-    def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().open(loop)
+    def open(self, loop: asyncio.AbstractEventLoop, janitor: Janitor) -> None:
+        super().open(loop, janitor)
         self._pool = _cgroup.PoolCgroup.create()
         self.tree_limits = frozenset(
             name
@@ -158,18 +162,7 @@ class CgroupContainment(Containment):
         self._inotify = Inotify()
         loop.add_reader(self._inotify.fd, self._on_inotify)
         if self._pool.stale:
-            self._remove_stale(0)
-
-    def _remove_stale(self, attempt: int) -> None:
-        """Remove what dead hosts' pools left, once their killed processes exited (retried a
-        few times: an exit takes milliseconds, one stuck in the kernel longer; what is still
-        there after that is left for the next pool)."""
-        assert self._pool is not None and self._loop is not None
-        self._pool.stale = [path for path in self._pool.stale if not _cgroup.remove_tree(path)]
-        if self._pool.stale and attempt < 40:
-            self._stale_timer = self._loop.call_later(0.05, self._remove_stale, attempt + 1)
-        else:
-            self._stale_timer = None
+            janitor.defer(_remove_stale, self._pool.stale, janitor.stopping.is_set)
 
     @property
     def path(self) -> str:
@@ -313,14 +306,18 @@ class CgroupContainment(Containment):
             os.close(tree.threads_fd)  # before the cgroup is removed
             tree.threads_fd = -1
         if tree.dead and tree.cgroup is not None:
-            # removed here, not by the launcher: the host watches it until it is empty
-            _cgroup.remove_tree(tree.cgroup)
+            # removed here, not by the launcher: the host watches it until it is empty. One
+            # rmdir in the common case; what the job built below it is removed off the loop
+            try:
+                os.rmdir(tree.cgroup)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                assert self._janitor is not None
+                self._janitor.defer(_cgroup.remove_tree, tree.cgroup, self._janitor.stopping.is_set)
         super().forget(tree)
 
     def close(self) -> None:
-        if self._stale_timer is not None:
-            self._stale_timer.cancel()
-            self._stale_timer = None
         if self._inotify is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._inotify.fd)
@@ -328,7 +325,9 @@ class CgroupContainment(Containment):
             self._inotify = None
         self._watched.clear()
         if self._pool is not None:
-            self._pool.remove()
+            assert self._janitor is not None
+            self._janitor.defer(self._pool.remove, self._janitor.stopping.is_set)
+            self._pool = None
 
 
 class ScanContainment(Containment):
@@ -344,8 +343,8 @@ class ScanContainment(Containment):
         self._pending: list[Tree] = []
         self._running = False
 
-    def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().open(loop)
+    def open(self, loop: asyncio.AbstractEventLoop, janitor: Janitor) -> None:
+        super().open(loop, janitor)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="zett-agent-kill")
 
     def launcher_args(self) -> dict[str, str]:
@@ -450,6 +449,22 @@ class ScanContainment(Containment):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+#: how long the removal of dead hosts' pools retries: their killed processes take milliseconds to
+#: exit, one stuck in the kernel longer; what is left then stays for the next pool
+_STALE_RETRY = 2.0
+
+
+def _remove_stale(paths: list[str], stop: Callable[[], bool]) -> None:
+    """In the janitor's thread: remove what dead hosts' pools left, once their killed
+    processes exited."""
+    deadline = time.monotonic() + _STALE_RETRY
+    while paths and not stop():
+        paths = [path for path in paths if not _cgroup.remove_tree(path, stop)]
+        if not paths or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def create(mode: str) -> Containment:

@@ -51,6 +51,7 @@ from ._errors import (
     WorkerCrashed,
 )
 from ._graveyard import Graveyard
+from ._janitor import Janitor
 from ._job import JobStatus, ProcessJob
 from ._limits import ProcessLimits, check_limits
 from ._linux import linux_problem
@@ -193,6 +194,7 @@ class ProcessPool:
         self._spawning = 0
         self._replace_timer: asyncio.TimerHandle | None = None
         self._graveyard: Graveyard | None = None
+        self._janitor = Janitor()
         #: resolved when the last worker is buried (close() waits on it)
         self._burial_waiter: asyncio.Future[None] | None = None
         self._job_counter = 0
@@ -282,7 +284,7 @@ class ProcessPool:
         loop = asyncio.get_running_loop()
         try:
             containment = _containment.create(self._mode)
-            containment.open(loop)
+            containment.open(loop, self._janitor)
         except OSError as exc:
             raise ProcessError(f"cannot contain worker processes: {exc}") from exc
         self._loop = loop
@@ -353,6 +355,9 @@ class ProcessPool:
         self._containment.close()
         if self._graveyard is not None:
             self._graveyard.close()
+        # what jobs left to remove (cgroups they built, scratch directories): bounded, the
+        # rest stays for the next pool's sweep
+        await self._janitor.close(_CLOSE_TIMEOUT)
 
     async def _workers_buried(self) -> None:
         while self._workers:
