@@ -381,16 +381,77 @@ async def test_a_pools_cgroups_are_removed_at_close_and_a_dead_hosts_by_the_next
     assert not Path(mine).exists()  # noqa: ASYNC240
 
     # what a host that died left: a pool cgroup named after a pid that is not alive with that
-    # start time, with a process still in it
+    # start time, whose launcher cgroup is empty and which its host last touched long ago, with
+    # a process still in it
     base = os.path.dirname(mine)
     stale = f"{base}/pool-{os.getpid()}-1-999"
+    os.makedirs(f"{stale}/launcher")
     os.makedirs(f"{stale}/workers/w-1")
     leftover = await asyncio.create_subprocess_exec("sleep", "600")
     _cgroup.write(f"{stale}/workers/w-1/cgroup.procs", str(leftover.pid))
+    long_ago = time.time() - 2 * _cgroup.STALE_AFTER
+    os.utime(stale, (long_ago, long_ago))
     async with ProcessPool(1, containment="cgroup") as pool:
         async with asyncio.timeout(GUARD):
             assert await leftover.wait() == -signal.SIGKILL
         await until(lambda: not os.path.exists(stale), GUARD, "the stale cgroups removed")
+
+
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="needs cgroup containment")
+@pytest.mark.parametrize("case", ["launcher alive", "just started"])
+async def test_another_namespaces_pool_is_never_taken_for_stale(case: str) -> None:
+    """A pool whose host pid this process cannot see (a host in another pid namespace sharing
+    the cgroup hierarchy, faked with a pid that does not exist here) is left alone while its
+    launcher's cgroup holds a process, and while it is younger than ``STALE_AFTER`` (a pool
+    between creating its cgroups and its launcher moving in)."""
+    async with ProcessPool(1, containment="cgroup") as pool:
+        containment = pool._containment
+        assert containment is not None
+        base = os.path.dirname(containment.path)  # type: ignore[attr-defined]
+    foreign = f"{base}/pool-{2**22 + 7}-1-1"  # above pid_max's default: visible to no one
+    os.makedirs(f"{foreign}/launcher")
+    os.makedirs(f"{foreign}/workers/w-1")
+    worker = await asyncio.create_subprocess_exec("sleep", "600")
+    launcher = None
+    try:
+        _cgroup.write(f"{foreign}/workers/w-1/cgroup.procs", str(worker.pid))
+        if case == "launcher alive":
+            launcher = await asyncio.create_subprocess_exec("sleep", "600")
+            _cgroup.write(f"{foreign}/launcher/cgroup.procs", str(launcher.pid))
+            long_ago = time.time() - 2 * _cgroup.STALE_AFTER
+            os.utime(foreign, (long_ago, long_ago))
+        async with ProcessPool(1, containment="cgroup") as pool:
+            assert await pool.submit(_jobs.add, 2, 2) == 4
+        assert worker.returncode is None and alive(worker.pid)
+        assert Path(foreign, "workers", "w-1").is_dir()  # noqa: ASYNC240 - a cgroupfs stat
+    finally:
+        for process in (worker, launcher):
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert _cgroup.remove_tree(foreign)
+
+
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="needs cgroup containment")
+async def test_a_launcher_stopped_while_nothing_is_owed_is_found_out(
+    fifo: tuple[str, int],
+) -> None:
+    """Stopped from outside while a job runs and nothing is owed: the pool looks at its
+    launcher while jobs run, finds it stopped and replaces it (the host-death path must not be
+    left to a process that cannot act)."""
+    path, _keep = fifo
+    async with ProcessPool(2, containment="cgroup") as pool:
+        job = pool.submit(_jobs.wait_for_go, path)
+        assert await first_event(job) == "ready"
+        launcher = pool._launcher
+        assert launcher is not None
+        os.kill(launcher.pid, signal.SIGSTOP)
+        await until(lambda: pool._launcher not in (launcher, None), 3 * BOUND, "a new launcher")
+        error = await outcome(job)
+        assert isinstance(error, WorkerCrashed) and "stopped" in str(error), error
+        async with asyncio.timeout(GUARD):
+            assert await pool.submit(_jobs.add, 1, 2) == 3
+    reap_adopted()
 
 
 async def test_tree_wide_limits_need_their_controller(containment: str) -> None:

@@ -228,3 +228,101 @@ def return_protocol0_pickle(marker: str, pad: int) -> str:
 def emit_pickle_then_return(marker: str) -> str:
     emit(pickle.dumps(MakeDirOnLoad(marker), protocol=0).decode("ascii"))
     return "done"
+
+
+# ------------------------------------------------------------------- cgroup structure attacks
+
+
+def own_cgroup_dir() -> str:
+    """The directory of the cgroup v2 this process is in (its worker's, under cgroup
+    containment; the host's under scan containment)."""
+    with open("/proc/self/cgroup") as handle:
+        relative = next(line[3:].strip() for line in handle if line.startswith("0::"))
+    mounts = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            before, _, after = line.partition(" - ")
+            if after.split(" ", 1)[0] == "cgroup2":
+                mounts.append(before.split(" ")[4])
+    preferred = [m for m in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified") if m in mounts]
+    mount = (preferred or mounts)[0]
+    return os.path.normpath(f"{mount}/{relative.lstrip('/')}")
+
+
+def build_cgroups(shape: str, count: int, top: str) -> None:
+    """Build cgroups below this job's own cgroup, as many as it may up to ``count``: a chain
+    (``deep``) or siblings (``wide``) under a cgroup named ``top``; emit what it made, then
+    wait to be killed."""
+    base = os.path.join(own_cgroup_dir(), top)
+    made, error = 0, None
+    try:
+        os.mkdir(base)
+        made = 1
+        path = base
+        for index in range(count - 1):
+            path = os.path.join(path, "d") if shape == "deep" else os.path.join(base, f"w{index}")
+            os.mkdir(path)
+            made += 1
+    except OSError as exc:
+        error = exc.errno
+    emit({"made": made, "errno": error, "base": base})
+    while True:
+        time.sleep(1000)
+
+
+def hide_orphan(hide: bool) -> str:
+    """Leave an orphan behind and return ``"<pid> <where>"``: the worker's subreaper flag is
+    switched off first (so the orphan is reparented out of the worker, to the launcher), and
+    with ``hide`` the orphan moves itself into a cgroup made below its worker's cgroup, out of
+    the worker cgroup's own process list."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            where = "in place"
+            if hide:
+                try:
+                    cgroup = os.path.join(own_cgroup_dir(), "hide")
+                    os.mkdir(cgroup)
+                    with open(f"{cgroup}/cgroup.procs", "w") as procs:
+                        procs.write("0")
+                    where = "hidden"
+                except OSError as exc:
+                    where = f"not hidden ({exc})"
+            os.write(write_end, f"{os.getpid()} {where}\n".encode())
+            while True:
+                time.sleep(1000)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    with os.fdopen(read_end) as stream:
+        return stream.readline().strip()
+
+
+# ------------------------------------------------------------- children that end at any moment
+
+
+class EndsSoon:
+    """A child that answers, crashes or leaves a ``setsid`` grandchild after a random moment
+    of up to 50 ms (``how``: ``"answer"``, ``"crash"``, ``"spawn"``)."""
+
+    retry = RetryOptions(max_retries=0)
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        import ctypes
+        import random
+
+        if self.how == "spawn":
+            subprocess.Popen(["sleep", "600"], start_new_session=True)  # noqa: ASYNC220
+        await asyncio.sleep(random.random() * 0.05)
+        if self.how == "crash":
+            ctypes.string_at(0)
+        yield ModelEvent.completed(ModelResponse(AssistantMessage(f"{self.how}: done")))

@@ -24,6 +24,8 @@ from typing import IO, Any
 import psutil
 import pytest
 
+from zett_agent.process._cgroup import DIR_NAME, cgroup_problem
+
 CHILDREN = 3
 
 HARNESS = textwrap.dedent(
@@ -65,9 +67,10 @@ HOST = textwrap.dedent(
     from zett_agent.extensions.subagent import SubAgentDefinition
     from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
     from zett_agent.model import ModelEvent, ModelResponse, RetryOptions
+    from zett_agent.process import ProcessPool
     from zett_agent.tools import AgentTool
 
-    MODE, BEACON, N = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    MODE, BEACON, N, CONTAINMENT = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
     def spawn_grandchildren(path):
         # a plain grandchild, and one in a session of its own (as a daemon would)
@@ -118,14 +121,15 @@ HOST = textwrap.dedent(
 
         async def report():
             pids = [json.loads(await loop.sock_recv(sock, 1024)) for _ in range(N)]
-            runner = extension._runner._own
-            print(json.dumps({"host": os.getpid(), "launcher": runner._launcher.pid,
-                              "children": pids}), flush=True)
+            print(json.dumps({"host": os.getpid(), "launcher": pool._launcher.pid,
+                              "children": pids, "containment": pool.containment}), flush=True)
             return "reported"
 
         definition = SubAgentDefinition("child", "spawns grandchildren", "p", model=Child(),
                                         tools=(SPAWN,))
-        extension = AsyncSubAgentExtension([definition], max_concurrent=N, max_children=N)
+        # a pool of its own is never closed here: the host dies (or leaves) with it open
+        pool = ProcessPool(max_workers=N, containment=CONTAINMENT)
+        extension = AsyncSubAgentExtension([definition], max_concurrent=N, pool=pool)
         client = await create_agent(
             Parent(), config=AgentRunConfig(session_id="s"), extensions=[extension],
             tools=(AgentTool("report", "", {"type": "object", "properties": {}}, report),),
@@ -139,14 +143,41 @@ HOST = textwrap.dedent(
 )
 
 
+def cgroup_base() -> str | None:
+    """Where this process's pools put their cgroups (None without cgroup containment)."""
+    if cgroup_problem() is not None:
+        return None
+    from zett_agent.process._cgroup import _base
+
+    host, _ = _base()
+    return None if host is None else f"{host}/{DIR_NAME}"
+
+
 def _readline(stream: IO[str], timeout: float) -> str:
     ready, _, _ = select.select([stream.fileno()], [], [], timeout)
     assert ready, "no output within the hang guard"
     return stream.readline()
 
 
+def _pool_cgroups(host: int) -> list[str]:
+    """The cgroups of the pools of process ``host`` (there are none under scan containment)."""
+    base = cgroup_base()
+    if base is None:
+        return []
+    return (
+        [name for name in os.listdir(base) if name.startswith(f"pool-{host}-")]
+        if os.path.isdir(base)
+        else []
+    )
+
+
 @pytest.mark.parametrize("mode", ["SIGKILL", "SIGTERM", "clean"])
-def test_host_death_leaves_no_descendant_after_one_second(mode: str, tmp_path: Path) -> None:
+def test_host_death_leaves_no_descendant_after_one_second(
+    mode: str, containment: str, tmp_path: Path
+) -> None:
+    """Within a second of the host's death no process it started is left, whatever the
+    containment; the launcher prints nothing (no traceback on the host's terminal) and leaves
+    no cgroup behind."""
     (tmp_path / "harness.py").write_text(HARNESS)
     (tmp_path / "host.py").write_text(HOST)
     harness = subprocess.Popen(
@@ -157,6 +188,7 @@ def test_host_death_leaves_no_descendant_after_one_second(mode: str, tmp_path: P
             mode,
             str(tmp_path / "beacon"),
             str(CHILDREN),
+            containment,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -183,6 +215,11 @@ def test_host_death_leaves_no_descendant_after_one_second(mode: str, tmp_path: P
         # the harness only ends once it has no child left at all, so nothing is running
         assert info["launcher"] in report["reaped"], report
         assert not [pid for pid in descendants if psutil.pid_exists(pid)]
+        assert info["containment"] == containment
+        # the launcher cleaned up after itself: it printed nothing and left no cgroup
+        assert harness.wait(timeout=30) == 0
+        assert "Traceback" not in harness.stderr.read()
+        assert _pool_cgroups(info["host"]) == []
     finally:
         harness.kill()
         harness.wait()

@@ -25,12 +25,16 @@ import contextlib
 import errno
 import itertools
 import os
+import time
 from collections.abc import Callable
 
 __all__ = [
     "DIR_NAME",
+    "JOB_MAX_DEPTH",
+    "JOB_MAX_DESCENDANTS",
     "TREE_CONTROLLERS",
     "PoolCgroup",
+    "bound",
     "cgroup_problem",
     "kill",
     "populated",
@@ -45,6 +49,13 @@ TREE_CONTROLLERS = {
     "tree_memory_bytes": ("memory", "memory.max"),
 }
 _WANTED = ("pids", "memory", "cpu")
+#: what a job may build below its worker's cgroup (``cgroup.max.depth`` and
+#: ``cgroup.max.descendants``, set before the worker runs anything): room for the pools of child
+#: agents nested four levels deep (a nested pool takes four levels: ``zett-agent/pool/workers/w``)
+#: and a few hundred of their workers, while a job that builds structure for the host to walk is
+#: bounded (a ``mkdir`` beyond either limit fails with ``EAGAIN``)
+JOB_MAX_DEPTH = 16
+JOB_MAX_DESCENDANTS = 1024
 _counter = itertools.count(1)
 
 
@@ -63,6 +74,12 @@ def read(path: str) -> str:
         return os.read(fd, 65536).decode()
     finally:
         os.close(fd)
+
+
+def bound(cgroup: str) -> None:
+    """Bound the cgroups that may be created below ``cgroup`` (see ``JOB_MAX_DEPTH``)."""
+    write(f"{cgroup}/cgroup.max.depth", str(JOB_MAX_DEPTH))
+    write(f"{cgroup}/cgroup.max.descendants", str(JOB_MAX_DESCENDANTS))
 
 
 def kill(cgroup: str) -> bool:
@@ -250,8 +267,9 @@ def cgroup_problem(*, keep: bool = False) -> str | None:
 class PoolCgroup:
     """The cgroups of one pool: created by ``create``, removed by ``remove``.
 
-    Also removes, at creation, what pools whose host died left behind (their host pid and start
-    time no longer match a live process): everything in those cgroups is killed first.
+    Also removes, at creation, what pools whose host died left behind (``stale``): everything in
+    those cgroups is killed first; the removal of the emptied cgroups happens later, off the
+    event loop.
     """
 
     def __init__(
@@ -276,7 +294,7 @@ class PoolCgroup:
         if problem is not None or host is None:
             raise OSError(errno.EPERM, problem or "no cgroup v2")
         base = f"{host}/{DIR_NAME}"
-        stale = remove_stale(base)
+        leftovers = remove_stale(base)
         controllers = _enable(base)
         me = os.getpid()
         path = f"{base}/pool-{me}-{_start_time(me)}-{next(_counter)}"
@@ -290,7 +308,12 @@ class PoolCgroup:
         except BaseException:
             remove_tree(path)
             raise
-        return cls(path, controllers, stale)
+        return cls(path, controllers, leftovers)
+
+    def touch(self) -> None:
+        """Mark the pool alive: its host is about to (re)start a launcher (see ``stale``)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
 
     def remove(self, stop: Callable[[], bool] | None = None) -> bool:
         """Kill whatever is left in the pool's cgroups and remove them; True if all are gone.
@@ -324,22 +347,51 @@ def _enable(cgroup: str, wanted: frozenset[str] | None = None) -> frozenset[str]
     return frozenset(enabled)
 
 
+#: a pool cgroup whose launcher cgroup is empty is left alone for this long after its host last
+#: (re)started a launcher (``PoolCgroup.touch``): a pool between creating its cgroups and its
+#: launcher moving in, or replacing a lost launcher, looks empty for a moment
+STALE_AFTER = 30.0
+
+
+def stale(path: str, now: float | None = None) -> bool:
+    """Whether the pool cgroup ``path`` belongs to a pool whose host is gone.
+
+    Judged by what holds whichever pid namespace that host runs in (a container sharing this
+    cgroup hierarchy has pids we cannot see): its launcher's cgroup is empty (a launcher lives
+    as long as its host, and exits once it killed everything after the host died) and its host
+    has not touched it for ``STALE_AFTER`` seconds. A host pid that is visible and alive with
+    the recorded start time also means alive; a pid lookup alone never means dead.
+    """
+    parts = os.path.basename(path).split("-")
+    if len(parts) == 4 and parts[1].isdigit() and _start_time(int(parts[1])) == parts[2]:
+        return False  # its host lives (in our pid namespace)
+    try:
+        touched = os.stat(path).st_mtime
+    except OSError:
+        return False  # gone meanwhile: nothing to do
+    if (time.time() if now is None else now) - touched < STALE_AFTER:
+        return False
+    try:
+        text = read(f"{path}/launcher/cgroup.events")
+    except FileNotFoundError:
+        text = "populated 0"  # never got its launcher cgroup, or it was removed already
+    except OSError:
+        return False
+    return "populated 0" in text.splitlines()
+
+
 def remove_stale(base: str) -> list[str]:
-    """Kill and remove the pool cgroups in ``base`` whose host process is gone; return those
-    that are not empty yet (their processes were killed; the exits take a moment)."""
-    left: list[str] = []
+    """Kill what is left in the pool cgroups in ``base`` whose host is gone (``stale``); return
+    them, to be removed once their killed processes exited (off the event loop)."""
+    found: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:
-        return left
+        return found
+    now = time.time()
     for name in names:
-        parts = name.split("-")
-        if len(parts) != 4 or parts[0] != "pool" or not parts[1].isdigit():
-            continue
-        if _start_time(int(parts[1])) == parts[2]:
-            continue  # its host lives: not ours to touch
         path = f"{base}/{name}"
-        kill(path)
-        if not remove_tree(path):
-            left.append(path)
-    return left
+        if name.startswith("pool-") and stale(path, now):
+            kill(path)
+            found.append(path)
+    return found

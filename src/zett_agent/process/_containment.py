@@ -51,8 +51,10 @@ class Tree:
     dead: bool = False
     #: the worker process itself exited (its pidfd became readable)
     exited: bool = False
-    #: ``cgroup.threads`` kept open once the worker is reused (read again with ``pread``)
+    #: ``cgroup.threads`` and ``cgroup.stat`` kept open once the worker is reused (read again
+    #: with ``pread``)
     threads_fd: int = -1
+    stat_fd: int = -1
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -82,6 +84,9 @@ class Containment(abc.ABC):
     @abc.abstractmethod
     def launcher_args(self) -> dict[str, str]:
         """What the launcher needs to know (cgroup paths)."""
+
+    def launcher_starting(self) -> None:  # noqa: B027 - a no-op where nothing is marked
+        """A launcher is about to start (the first, or one replacing a lost one)."""
 
     @abc.abstractmethod
     def adopt(self, pid: int, pidfd: int, name: str) -> Tree:
@@ -119,10 +124,10 @@ class Containment(abc.ABC):
 
     def forget(self, tree: Tree) -> None:
         """The worker is buried: release what is held for it."""
-        for fd in (tree.pidfd, tree.threads_fd):
+        for fd in (tree.pidfd, tree.threads_fd, tree.stat_fd):
             if fd >= 0:
                 os.close(fd)
-        tree.pidfd = tree.threads_fd = -1
+        tree.pidfd = tree.threads_fd = tree.stat_fd = -1
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -171,7 +176,18 @@ class CgroupContainment(Containment):
 
     def launcher_args(self) -> dict[str, str]:
         assert self._pool is not None
-        return {"launcher": self._pool.launcher, "workers": self._pool.workers}
+        return {
+            "launcher": self._pool.launcher,
+            "workers": self._pool.workers,
+            "pool": self._pool.path,
+            # where the host runs: the launcher moves back there to remove the pool's cgroups
+            # after the host died (a process cannot remove the cgroup it is in)
+            "home": os.path.dirname(os.path.dirname(self._pool.path)),
+        }
+
+    def launcher_starting(self) -> None:
+        assert self._pool is not None
+        self._pool.touch()  # other pools leave it alone while its launcher starts
 
     def adopt(self, pid: int, pidfd: int, name: str) -> Tree:
         assert self._pool is not None
@@ -249,16 +265,22 @@ class CgroupContainment(Containment):
                 os.kill(int(pid), signal.SIGTERM)
 
     def is_clean(self, tree: Tree) -> bool:
+        """The worker's own cgroup holds just its one thread, and no cgroup was made below it
+        (a process the job hid in a cgroup of its own is in the subtree, not in this list)."""
         assert tree.cgroup is not None
         try:
             if tree.threads_fd < 0:
                 tree.threads_fd = os.open(
                     f"{tree.cgroup}/cgroup.threads", os.O_RDONLY | os.O_CLOEXEC
                 )
-            threads = os.pread(tree.threads_fd, 4096, 0).split()
+                tree.stat_fd = os.open(f"{tree.cgroup}/cgroup.stat", os.O_RDONLY | os.O_CLOEXEC)
+            if os.pread(tree.threads_fd, 4096, 0).split() != [str(tree.pid).encode()]:
+                return False
+            stat = os.pread(tree.stat_fd, 4096, 0)
         except OSError:
             return False
-        return threads == [str(tree.pid).encode()]
+        # "nr_descendants N\n...": live cgroups below this one, however the job made them
+        return stat.startswith(b"nr_descendants 0\n")
 
     def cpu_seconds(self, tree: Tree) -> float | None:
         if tree.cgroup is None:
@@ -302,9 +324,10 @@ class CgroupContainment(Containment):
 
     def forget(self, tree: Tree) -> None:
         self._unwatch(tree)
-        if tree.threads_fd >= 0:
-            os.close(tree.threads_fd)  # before the cgroup is removed
-            tree.threads_fd = -1
+        for fd in (tree.threads_fd, tree.stat_fd):
+            if fd >= 0:
+                os.close(fd)  # before the cgroup is removed
+        tree.threads_fd = tree.stat_fd = -1
         if tree.dead and tree.cgroup is not None:
             # removed here, not by the launcher: the host watches it until it is empty. One
             # rmdir in the common case; what the job built below it is removed off the loop
@@ -339,8 +362,10 @@ class ScanContainment(Containment):
         super().__init__()
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        #: trees waiting for the kill thread, and whether a batch is under way
-        self._pending: list[Tree] = []
+        #: trees waiting for the kill thread, each with a pidfd of its own for the thread (the
+        #: tree's may be closed by ``forget`` while the thread still works on it: a lost
+        #: launcher's trees are buried once it is dead), and whether a batch is under way
+        self._pending: list[tuple[Tree, int]] = []
         self._running = False
 
     def open(self, loop: asyncio.AbstractEventLoop, janitor: Janitor) -> None:
@@ -374,8 +399,9 @@ class ScanContainment(Containment):
             return
         for tree in batch:
             tree.killing = True
+        handed = [(tree, os.dup(tree.pidfd) if tree.pidfd >= 0 else -1) for tree in batch]
         with self._lock:
-            self._pending.extend(batch)
+            self._pending.extend(handed)
             if self._running:
                 return  # the thread takes them in its next round
             self._running = True
@@ -385,16 +411,29 @@ class ScanContainment(Containment):
     def _kill_rounds(self) -> None:
         """In the kill thread: one freeze-and-kill per round for everything pending (batched:
         cancelling many trees at once costs one walk, not one per tree)."""
+        try:
+            self._rounds()
+        except BaseException:
+            with self._lock:  # the next kill starts the thread again
+                self._running = False
+            raise
+
+    def _rounds(self) -> None:
         while True:
             with self._lock:
-                batch, self._pending = self._pending, []
-                if not batch:
+                handed, self._pending = self._pending, []
+                if not handed:
                     self._running = False
                     return
-            pidfds = {tree.pid: tree.pidfd for tree in batch if tree.pidfd >= 0}
-            killed = _scan.freeze_and_kill(pidfds, pidfds=pidfds)
-            _scan.wait_dead(killed)
+            pidfds = {tree.pid: fd for tree, fd in handed if fd >= 0}
+            try:
+                killed = _scan.freeze_and_kill(pidfds, pidfds=pidfds)
+                _scan.wait_dead(killed)
+            finally:
+                for fd in pidfds.values():
+                    os.close(fd)
             assert self._loop is not None
+            batch = [tree for tree, _fd in handed]
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(self._batch_dead, batch)
 

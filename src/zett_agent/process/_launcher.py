@@ -66,7 +66,9 @@ class _Launcher:
         self.max_frame_bytes = max_frame_bytes
         #: added to each worker's niceness as it is forked, before it runs anything
         self.nice = nice
-        #: ``{"workers": path}`` under cgroup containment, empty under scan containment
+        #: the pool's cgroup paths under cgroup containment (``launcher``, ``workers``, ``pool``,
+        #: ``home``: the host's own cgroup), empty under scan containment
+        self.cgroups = cgroups
         self.workers_cg = cgroups.get("workers")
         self.pid = os.getpid()
         #: workers forked and not yet reaped -> their cgroup name
@@ -170,8 +172,13 @@ class _Launcher:
         try:
             if cgroup is not None:
                 os.mkdir(cgroup)
+                # before the worker exists: what its job may build below it is bounded
+                _cgroup.bound(cgroup)
             host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as exc:
+            if cgroup is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(cgroup)
             self.send({"op": "spawn_failed", "error": f"could not prepare a worker: {exc}"})
             return
         try:
@@ -321,10 +328,26 @@ class _Launcher:
             select.select([self.wake_r], [], [], 0.05)
             self._drain_wakeups()
         if self.host_gone and self.workers_cg is not None:
-            # nobody else will: the next pool would, but only once this host's pid is gone
-            for name in os.listdir(self.workers_cg):
-                _cgroup.remove_tree(f"{self.workers_cg}/{name}")
+            self._remove_pool()
         self._remove_cgroups()
+
+    def _remove_pool(self) -> None:
+        """The host died: remove the pool's cgroups (nobody else would until the next pool
+        starts). This process is in one of them, and a cgroup holding a process cannot be
+        removed: it moves back to the cgroup the host ran in first (which held the host, so it
+        can hold a process). What is still populated stays for the next pool's sweep."""
+        pool, home = self.cgroups.get("pool"), self.cgroups.get("home")
+        try:
+            if pool is None or home is None:
+                raise OSError("no pool cgroup given")
+            _cgroup.write(f"{home}/cgroup.procs", "0")
+        except OSError:
+            assert self.workers_cg is not None
+            _cgroup.remove_tree(self.workers_cg)
+            return
+        _cgroup.remove_tree(pool)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(pool))  # the shared cgroup, once no pool is left in it
 
 
 def main() -> None:
@@ -352,4 +375,11 @@ def main() -> None:
         return
     # objects created so far are shared with every worker; keep the GC from touching them
     gc.freeze()
-    launcher.run()
+    try:
+        launcher.run()
+    except Exception as exc:
+        # never a traceback on the host's terminal: one line, then kill what is left
+        sys.stderr.write(f"zett-agent launcher {os.getpid()}: {type(exc).__name__}: {exc}\n")
+        with contextlib.suppress(Exception):
+            launcher.stopping = True
+            launcher._shutdown()

@@ -297,6 +297,7 @@ class ProcessPool:
             max_frame_bytes=self.max_frame_bytes,
             cgroups=containment.launcher_args(),
             nice=self.nice,
+            before_start=containment.launcher_starting,
         )
         self._started = True
         _raise_fd_limit(2 * self.max_workers + 2 * self.spare_workers + 64)
@@ -487,6 +488,9 @@ class ProcessPool:
                 job._finish(JobStatus.FAILED, exception=error)
                 return
         payload = job._begin(worker.pid)
+        if not self._busy:
+            assert self._supervisor is not None
+            self._supervisor.watch(self._has_jobs)
         worker.to(WorkerState.BUSY)
         worker.job = job
         self._busy[job] = worker
@@ -500,6 +504,9 @@ class ProcessPool:
             worker.set_timer(
                 "timeout", self._loop.call_later(job.limits.timeout, self._on_timeout, job)
             )
+
+    def _has_jobs(self) -> bool:
+        return bool(self._busy)
 
     def _on_timeout(self, job: ProcessJob) -> None:
         timeout = job.limits.timeout

@@ -18,7 +18,7 @@ import contextlib
 import os
 import time
 from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any, Protocol
 
 from . import _scan
@@ -30,6 +30,10 @@ __all__ = ["DEADLINE", "LauncherSupervisor", "Owner"]
 START_TIMEOUT = 60.0
 #: a launcher that owes an answer is looked at after this long: replaced at once if stopped
 CHECK_AFTER = 0.25
+#: while jobs run, the launcher is looked at this often even when it owes nothing: a job that
+#: stopped it while nothing was owed would otherwise leave the host-death path (the launcher
+#: kills every tree once the host is gone) to a process that cannot act (see ``watch``)
+WATCH_EVERY = 1.0
 #: ... and replaced anyway when it owes one for this long
 DEADLINE = 5.0
 #: launcher replacements allowed within RESTART_WINDOW seconds before the pool gives up
@@ -74,8 +78,10 @@ class LauncherSupervisor:
         max_frame_bytes: int,
         cgroups: dict[str, str],
         nice: int = 0,
+        before_start: Callable[[], None] = lambda: None,
     ) -> None:
         self._loop = loop
+        self._before_start = before_start
         self._owner = owner
         self._preload = preload
         self._max_frame_bytes = max_frame_bytes
@@ -91,6 +97,8 @@ class LauncherSupervisor:
         self.closing = False
         self._hello: asyncio.Future[None] | None = None
         self._health: asyncio.TimerHandle | None = None
+        self._watching: asyncio.TimerHandle | None = None
+        self._busy: Callable[[], bool] = lambda: False
         self._replacing: asyncio.Task[None] | None = None
         self._restarts: deque[float] = deque()
         #: worker pid -> since when its exit report is owed
@@ -108,6 +116,7 @@ class LauncherSupervisor:
         """Start a launcher and wait for its hello. Raises ``ProcessError`` (it failed to start,
         naming why, or did not answer within ``START_TIMEOUT``); on any error or cancellation
         the launcher is killed (and reaped when it exits)."""
+        self._before_start()
         launcher = LauncherHandle(
             preload=self._preload,
             max_frame_bytes=self._max_frame_bytes,
@@ -136,9 +145,10 @@ class LauncherSupervisor:
         """Stop replacing and looking; ask every launcher to shut down (it kills what it
         started and exits). ``gone`` is set once all are reaped."""
         self.closing = True
-        if self._health is not None:
-            self._health.cancel()
-            self._health = None
+        for timer in (self._health, self._watching):
+            if timer is not None:
+                timer.cancel()
+        self._health = self._watching = None
         if self._replacing is not None:
             self._replacing.cancel()
             with contextlib.suppress(BaseException):
@@ -195,6 +205,26 @@ class LauncherSupervisor:
         if launcher is self.current and not self.closing:
             self._reports_owed[pid] = since
             self._expect()
+
+    def watch(self, busy: Callable[[], bool]) -> None:
+        """Look at the launcher every ``WATCH_EVERY`` seconds for as long as ``busy()`` is true
+        (the pool calls this when a job starts while none ran), and replace it if it is seen
+        stopped. Where the kernel cannot keep a job from signalling its launcher (no Landlock
+        signal scoping), a job could stop it while nothing is owed: found within a second
+        while the host lives."""
+        self._busy = busy
+        if self._watching is None and not self.closing:
+            self._watching = self._loop.call_later(WATCH_EVERY, self._look)
+
+    def _look(self) -> None:
+        self._watching = None
+        launcher = self.current
+        if launcher is None or self.closing or not self._busy():
+            return
+        if launcher.stopped():
+            self._lose(launcher, "it was stopped (SIGSTOP) while jobs ran")
+            return
+        self._watching = self._loop.call_later(WATCH_EVERY, self._look)
 
     def _flush(self, launcher: LauncherHandle) -> None:
         if not launcher.flush():

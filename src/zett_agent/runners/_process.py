@@ -200,6 +200,7 @@ class ProcessRunner:
 
     def _init_runtime(self) -> None:
         self._own: ProcessPool | None = None
+        self._closing_pool: ProcessPool | None = None
         self._wanted: dict[str, None] = {}
         self._lock: asyncio.Lock | None = None
         self._warming: asyncio.Task[None] | None = None
@@ -294,8 +295,10 @@ class ProcessRunner:
             async with self._lock:
                 pass  # a start in progress has finished (or failed) once the lock is free
         if self._own is not None:
-            pool, self._own = self._own, None
-            await pool.close()
+            self._closing_pool, self._own = self._own, None
+        if self._closing_pool is not None:
+            # every caller returns once it is closed (a pool's close is shared by its callers)
+            await self._closing_pool.close()
 
     async def __aenter__(self) -> ProcessRunner:
         return self
