@@ -170,84 +170,121 @@ def decode_request(data: object) -> ModelRequest:
     """A child's ``request`` as a ``ModelRequest``, checked key by key and type by type.
 
     The values come from the engine's JSON decoder, so they are JSON types, no deeper than its
-    bound; what is checked here is the shape. Raises ``BadRequest`` naming the first problem.
+    bound; what is checked here is the shape (the place of a problem is named only once one is
+    found: this runs on the parent's loop for every call). Raises ``BadRequest`` naming the
+    first problem.
     """
-    request = _object(data, "request", {"messages", "tools", "system_prompt", "metadata"})
-    messages = _list(request["messages"], "request.messages")
-    tools = _list(request["tools"], "request.tools")
+    request = _object(data, "request", _REQUEST_KEYS)
+    messages = request["messages"]
+    if type(messages) is not list:
+        raise BadRequest(f"request.messages must be a list, {_got(messages)}")
+    tools = request["tools"]
+    if type(tools) is not list:
+        raise BadRequest(f"request.tools must be a list, {_got(tools)}")
     system_prompt = request["system_prompt"]
     if system_prompt is not None and type(system_prompt) is not str:
         raise BadRequest(f"request.system_prompt must be a string or null, {_got(system_prompt)}")
     metadata = request["metadata"]
     if type(metadata) is not dict:
         raise BadRequest(f"request.metadata must be an object, {_got(metadata)}")
+    decoded = []
+    for index, message in enumerate(messages):
+        decoded.append(_decode_message(message, "request.messages", index))
+    specs = []
+    for index, item in enumerate(tools):
+        specs.append(_decode_tool(item, index))
     return ModelRequest(
-        tuple(_decode_message(m, f"request.messages[{i}]") for i, m in enumerate(messages)),
-        tools=tuple(_decode_tool(t, f"request.tools[{i}]") for i, t in enumerate(tools)),
-        system_prompt=system_prompt,
-        metadata=metadata,
+        tuple(decoded), tools=tuple(specs), system_prompt=system_prompt, metadata=metadata
     )
 
 
+_REQUEST_KEYS = frozenset({"messages", "tools", "system_prompt", "metadata"})
 _MESSAGE_KEYS = {
-    "user": {"role", "content"},
-    "assistant": {"role", "content", "tool_calls"},
-    "tool": {"role", "call_id", "name", "text", "status"},
-    "agent": {"role", "content", "source"},
+    "user": frozenset({"role", "content"}),
+    "assistant": frozenset({"role", "content", "tool_calls"}),
+    "tool": frozenset({"role", "call_id", "name", "text", "status"}),
+    "agent": frozenset({"role", "content", "source"}),
 }
+_CALL_KEYS = frozenset({"id", "name", "arguments"})
+_TOOL_KEYS = frozenset({"name", "description", "parameters"})
 
 
-def _decode_message(data: object, where: str) -> Message:
+def _decode_message(data: object, where: str, index: int | None = None) -> Message:
     if type(data) is not dict:
-        raise BadRequest(f"{where} must be an object, {_got(data)}")
+        raise BadRequest(f"{_at(where, index)} must be an object, {_got(data)}")
     role = data.get("role")
-    if type(role) is not str or role not in _MESSAGE_KEYS:
-        raise BadRequest(f"{where}.role must be one of user, assistant, tool, agent")
-    item = _object(data, where, _MESSAGE_KEYS[role])
+    keys = _MESSAGE_KEYS.get(role) if type(role) is str else None
+    if keys is None:
+        raise BadRequest(f"{_at(where, index)}.role must be one of user, assistant, tool, agent")
+    if data.keys() != keys:
+        _object(data, _at(where, index), keys)  # raises, naming the keys
     if role == "user":
-        return UserMessage(_str(item["content"], f"{where}.content"))
+        content = data["content"]
+        if type(content) is str:
+            return UserMessage(content)
+        raise _bad_field(where, index, "content", content)
     if role == "assistant":
-        calls = _list(item["tool_calls"], f"{where}.tool_calls")
-        return AssistantMessage(
-            _str(item["content"], f"{where}.content"),
-            tuple(_decode_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)),
-        )
+        content, calls = data["content"], data["tool_calls"]
+        if type(content) is not str:
+            raise _bad_field(where, index, "content", content)
+        if type(calls) is not list:
+            raise BadRequest(f"{_at(where, index)}.tool_calls must be a list, {_got(calls)}")
+        decoded = []
+        for number, call in enumerate(calls):
+            decoded.append(_decode_call(call, where, index, number))
+        return AssistantMessage(content, tuple(decoded))
     if role == "tool":
-        status = item["status"]
-        if type(status) is not str or status not in _STATUSES:
-            raise BadRequest(f"{where}.status must be one of ok, failed, skipped")
-        return ToolMessage(
-            _str(item["call_id"], f"{where}.call_id"),
-            _str(item["name"], f"{where}.name"),
-            _str(item["text"], f"{where}.text"),
-            _STATUSES[status],
-        )
-    return AgentMessage(
-        _str(item["content"], f"{where}.content"), _str(item["source"], f"{where}.source")
-    )
+        call_id, name, text, status = data["call_id"], data["name"], data["text"], data["status"]
+        for field, value in (("call_id", call_id), ("name", name), ("text", text)):
+            if type(value) is not str:
+                raise _bad_field(where, index, field, value)
+        found = _STATUSES.get(status) if type(status) is str else None
+        if found is None:
+            raise BadRequest(f"{_at(where, index)}.status must be one of ok, failed, skipped")
+        return ToolMessage(call_id, name, text, found)
+    content, source = data["content"], data["source"]
+    if type(content) is not str:
+        raise _bad_field(where, index, "content", content)
+    if type(source) is not str:
+        raise _bad_field(where, index, "source", source)
+    return AgentMessage(content, source)
 
 
-def _decode_call(data: object, where: str) -> ToolCall:
-    item = _object(data, where, {"id", "name", "arguments"})
-    arguments = item["arguments"]
+def _decode_call(data: object, where: str, index: int | None, number: int) -> ToolCall:
+    if type(data) is not dict or data.keys() != _CALL_KEYS:
+        _object(data, f"{_at(where, index)}.tool_calls[{number}]", _CALL_KEYS)
+    assert type(data) is dict
+    call_id, name, arguments = data["id"], data["name"], data["arguments"]
+    if type(call_id) is str and type(name) is str and type(arguments) is dict:
+        return ToolCall(call_id, name, arguments)
+    place = f"{_at(where, index)}.tool_calls[{number}]"
     if type(arguments) is not dict:
-        raise BadRequest(f"{where}.arguments must be an object, {_got(arguments)}")
-    return ToolCall(_str(item["id"], f"{where}.id"), _str(item["name"], f"{where}.name"), arguments)
+        raise BadRequest(f"{place}.arguments must be an object, {_got(arguments)}")
+    field, value = ("id", call_id) if type(call_id) is not str else ("name", name)
+    raise BadRequest(f"{place}.{field} must be a string, {_got(value)}")
 
 
-def _decode_tool(data: object, where: str) -> ToolSpec:
-    item = _object(data, where, {"name", "description", "parameters"})
-    parameters = item["parameters"]
+def _decode_tool(data: object, index: int) -> ToolSpec:
+    place = f"request.tools[{index}]"
+    item = _object(data, place, _TOOL_KEYS)
+    name, description, parameters = item["name"], item["description"], item["parameters"]
     if type(parameters) is not dict:
-        raise BadRequest(f"{where}.parameters must be an object, {_got(parameters)}")
-    return ToolSpec(
-        _str(item["name"], f"{where}.name"),
-        _str(item["description"], f"{where}.description"),
-        parameters,
-    )
+        raise BadRequest(f"{place}.parameters must be an object, {_got(parameters)}")
+    for field, value in (("name", name), ("description", description)):
+        if type(value) is not str:
+            raise BadRequest(f"{place}.{field} must be a string, {_got(value)}")
+    return ToolSpec(name, description, parameters)
 
 
-def _object(data: object, where: str, keys: set[str]) -> dict[str, Any]:
+def _at(where: str, index: int | None) -> str:
+    return where if index is None else f"{where}[{index}]"
+
+
+def _bad_field(where: str, index: int | None, field: str, value: object) -> BadRequest:
+    return BadRequest(f"{_at(where, index)}.{field} must be a string, {_got(value)}")
+
+
+def _object(data: object, where: str, keys: frozenset[str]) -> dict[str, Any]:
     if type(data) is not dict:
         raise BadRequest(f"{where} must be an object, {_got(data)}")
     if data.keys() != keys:
@@ -262,18 +299,6 @@ def _object(data: object, where: str, keys: set[str]) -> dict[str, Any]:
             if part
         )
         raise BadRequest(f"{where} must have exactly the keys {', '.join(sorted(keys))} ({detail})")
-    return data
-
-
-def _list(data: object, where: str) -> list[Any]:
-    if type(data) is not list:
-        raise BadRequest(f"{where} must be a list, {_got(data)}")
-    return data
-
-
-def _str(data: object, where: str) -> str:
-    if type(data) is not str:
-        raise BadRequest(f"{where} must be a string, {_got(data)}")
     return data
 
 
