@@ -27,8 +27,10 @@ calls at once (beyond: a transient error, which the child's runtime retries), an
 to be sent: the engine's ``SEND_BUFFER_BYTES`` per job (a call whose child does not read waits,
 and so does its provider stream), plus at most ``MAX_NOTICES`` queued refusals. A request that
 breaks a rule gets an error answer naming the rule; nothing a child sends raises on the
-parent's path. When the child ends (completes, fails, is killed or cancelled) every call it
-had open is cancelled, which closes its provider request.
+parent's path. A request is checked as hostile data (exact keys, exact types) a slice at a
+time, at most 2 ms per event-loop callback, as the engine decodes frames. When the child ends
+(completes, fails, is killed or cancelled) every call it had open is cancelled, which closes
+its provider request.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -48,7 +51,7 @@ from zett_agent.runners._broker_wire import (
     MAX_ID,
     TOPIC,
     BadRequest,
-    decode_request,
+    decode_request_in_steps,
     encode_error,
     encode_event,
 )
@@ -76,6 +79,8 @@ MAX_CALLS = 4
 MAX_NOTICES = 64
 #: longest model name a stand-in shows
 _MAX_NAME = 200
+#: longest stretch of checking one request in one event-loop callback
+_SLICE = 0.002
 
 
 def brokerable(model: object) -> bool:
@@ -220,12 +225,17 @@ class Broker:
                 call_id, f"slot {_short(slot)} is not a model the parent brokers for this child"
             )
             return
+        # the request's envelope and first slice are checked here: a malformed request is
+        # refused at once, without taking a slot; a large one goes on in its call's task
+        steps = decode_request_in_steps(message["request"])
         try:
-            request = decode_request(message["request"])
+            next(steps)
+            request: ModelRequest | Generator[None, None, ModelRequest] = steps
+        except StopIteration as done:
+            request = done.value
         except BadRequest as exc:
             self._refuse(call_id, f"malformed request: {exc}")
             return
-        self.calls += 1
         task = self._loop.create_task(
             self._serve(call_id, self._models[slot], request),
             name=f"zett-agent-broker-call-{call_id}",
@@ -236,8 +246,40 @@ class Broker:
 
     # -- to the child -------------------------------------------------------------------------
 
-    async def _serve(self, call_id: int, model: Model, request: ModelRequest) -> None:
+    async def _decode(
+        self, call_id: int, steps: Generator[None, None, ModelRequest]
+    ) -> ModelRequest | None:
+        """The rest of the request, checked a slice at a time (at most ``_SLICE`` seconds per
+        loop iteration, like the engine's own decoding); ``None`` once refused."""
+        deadline = time.perf_counter() + _SLICE
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                request: ModelRequest = done.value
+                return request
+            except BadRequest as exc:
+                self.refused += 1
+                await self._send_error(call_id, ModelError(f"malformed request: {exc}"))
+                return None
+            if time.perf_counter() > deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + _SLICE
+
+    async def _serve(
+        self,
+        call_id: int,
+        model: Model,
+        pending: ModelRequest | Generator[None, None, ModelRequest],
+    ) -> None:
         """Stream one call of the child from ``model``; its events, or its error, go back."""
+        request = pending if isinstance(pending, ModelRequest) else None
+        if request is None:
+            assert not isinstance(pending, ModelRequest)
+            request = await self._decode(call_id, pending)
+            if request is None:
+                return
+        self.calls += 1
         try:
             stream = model.stream(request)
             completed = False

@@ -25,7 +25,7 @@ This module is imported by brokered children: it imports only the runtime's data
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from zett_agent._messages import (
@@ -54,6 +54,7 @@ __all__ = [
     "BadRequest",
     "decode_error",
     "decode_request",
+    "decode_request_in_steps",
     "decode_response",
     "encode_error",
     "encode_event",
@@ -170,10 +171,21 @@ def decode_request(data: object) -> ModelRequest:
     """A child's ``request`` as a ``ModelRequest``, checked key by key and type by type.
 
     The values come from the engine's JSON decoder, so they are JSON types, no deeper than its
-    bound; what is checked here is the shape (the place of a problem is named only once one is
-    found: this runs on the parent's loop for every call). Raises ``BadRequest`` naming the
-    first problem.
+    bound; what is checked here is the shape. Raises ``BadRequest`` naming the first problem.
     """
+    steps = decode_request_in_steps(data)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            request: ModelRequest = done.value
+            return request
+
+
+def decode_request_in_steps(data: object, step: int = 256) -> Generator[None, None, ModelRequest]:
+    """``decode_request`` as a generator that yields after every ``step`` messages or tools
+    (and returns the request): the parent decodes a large request a slice at a time between
+    its other callbacks. The place of a problem is built only once one is found."""
     request = _object(data, "request", _REQUEST_KEYS)
     messages = request["messages"]
     if type(messages) is not list:
@@ -190,9 +202,13 @@ def decode_request(data: object) -> ModelRequest:
     decoded = []
     for index, message in enumerate(messages):
         decoded.append(_decode_message(message, "request.messages", index))
+        if index % step == step - 1:
+            yield
     specs = []
     for index, item in enumerate(tools):
         specs.append(_decode_tool(item, index))
+        if index % step == step - 1:
+            yield
     return ModelRequest(
         tuple(decoded), tools=tuple(specs), system_prompt=system_prompt, metadata=metadata
     )
