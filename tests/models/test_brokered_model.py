@@ -47,7 +47,7 @@ from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.process import ProcessPool
 from zett_agent.runners import ProcessRunner, _broker
 from zett_agent.runners._broker_wire import BadRequest, decode_request, encode_request
-from zett_agent.runners._standin import BrokeredModel
+from zett_agent.runners._standin import BrokeredModel, relaying
 from zett_agent.testing import FunctionModel, ScriptedModel
 
 cloudpickle.register_pickle_by_value(kids)
@@ -676,6 +676,7 @@ def test_every_brokerable_model_is_replaced_wherever_it_is() -> None:
     assert key.encode() not in payload
     assert models == [model, other]  # each real model once, by identity
     copy, same, state = cloudpickle.loads(payload)
+    assert not relaying()  # a stand-in unpickled here does not make this process a relay
     assert isinstance(copy.model, BrokeredModel) and same is copy.model
     assert (copy.model.slot, copy.model.model, copy.model.retry) == (0, "inner-model", model.retry)
     assert isinstance(state["state"][0], BrokeredModel) and state["state"][0].slot == 1

@@ -143,9 +143,12 @@ async def run_pickled_child(
     replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker``)."""
     import cloudpickle
 
+    from zett_agent.runners._standin import relay_from_here
+
     spec = cloudpickle.loads(payload)
     if not isinstance(spec, ChildSpec):
         raise TypeError(f"run_pickled_child() takes a pickled ChildSpec, got {type(spec).__name__}")
+    relay_from_here()  # the children this child starts are brokered through its own broker
     return await run_child(spec, emit)
 
 

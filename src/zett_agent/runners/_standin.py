@@ -8,8 +8,8 @@ the parent streams back through the child's inbox (``zett_agent.process._inbox``
 the parent reports is raised as the same kind of ``ModelError`` (transient or not), so the
 child's runtime retries per ``retry`` as it would with the real model.
 
-A process that received a stand-in relays: children it starts itself get stand-ins that point
-at its own broker, which serves them through its stand-ins (``relaying()``). Imported by
+A brokered child relays: children it starts itself get stand-ins that point at its own broker,
+which serves them through its stand-ins (``relaying()``). Imported by
 brokered children: light (the runtime's data classes, the engine's child side).
 """
 
@@ -30,21 +30,26 @@ from zett_agent.runners._broker_wire import (
     encode_request,
 )
 
-__all__ = ["BrokeredModel", "relaying"]
+__all__ = ["BrokeredModel", "relay_from_here", "relaying"]
 
-#: a stand-in was unpickled in this process: what it starts is brokered through it
-_received = False
+#: this process runs a brokered child: the children it starts are brokered through it
+_relaying = False
 
 
 def relaying() -> bool:
-    """Whether this process got its models through a broker (so its children must too)."""
-    return _received
+    """Whether this process runs a brokered child (so the children it starts must be
+    brokered too, relaying through it). Set by ``run_pickled_child``, in the child only: a
+    stand-in unpickled anywhere else (a test, a copy) changes nothing."""
+    return _relaying
+
+
+def relay_from_here() -> None:
+    global _relaying
+    _relaying = True
 
 
 def _rebuild(slot: int, name: str, retry: RetryOptions) -> BrokeredModel:
-    """How a stand-in is unpickled in the child (and notes that this process relays)."""
-    global _received
-    _received = True
+    """How a stand-in is unpickled in the child."""
     return BrokeredModel(slot, name, retry)
 
 
