@@ -98,12 +98,14 @@ def sse_chunks(message: AssistantMessage) -> list[bytes]:
 class OfflineEndpoint:
     """``async with OfflineEndpoint(answer) as endpoint:`` serves ``endpoint.url`` (``.../v1``).
 
-    Every request body is kept in ``requests``; one connection carries one request.
+    Every request body is kept in ``requests`` and its headers (names in lower case) at the
+    same index in ``headers``; one connection carries one request.
     """
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.url = ""
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -127,12 +129,13 @@ class OfflineEndpoint:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-            length = next(
-                int(line.split(":", 1)[1])
-                for line in head.split("\r\n")
-                if line.lower().startswith("content-length:")
-            )
-            body = json.loads(await reader.readexactly(length))
+            headers = {
+                name.strip().lower(): value.strip()
+                for name, _, value in (line.partition(":") for line in head.split("\r\n")[1:])
+                if name
+            }
+            body = json.loads(await reader.readexactly(int(headers["content-length"])))
+            self.headers.append(headers)
             self.requests.append(body)
             payload = b"".join(sse_chunks(await reply_of(self.answer, to_request(body))))
             writer.write(

@@ -110,6 +110,9 @@ class OpenAIChatModel:
     retry: RetryOptions
     #: modules a child process on this model would import at its first request (see above)
     child_preload: ClassVar[tuple[str, ...]] = ("zett_agent.models._openai_preload",)
+    #: a brokered child gets a keyless stand-in and the parent makes its calls: nothing in a
+    #: request chooses the endpoint, the model name or the key (``zett_agent.runners._broker``)
+    brokerable: ClassVar[bool] = True
 
     def __init__(
         self,

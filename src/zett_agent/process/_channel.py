@@ -5,6 +5,11 @@ the pool. It never does more than a few milliseconds of work per event-loop call
 frames are left after ``_SLICE`` seconds it continues on the next iteration, so a worker
 that floods the socket cannot stall the host. The pool pauses it (backpressure: the worker's
 writes block once the socket buffer is full) and resumes it.
+
+Writing: job frames and message frames for the running job (``ProcessJob.send``) share one
+ordered outbox; what the socket does not take at once is written when it becomes writable.
+The bytes of queued messages are counted (``message_bytes``) so their sender can wait while the
+worker does not read, and messages of a job that ended are dropped unless already begun.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -65,35 +71,97 @@ class Channel:
         #: the end of the stream was reached and every frame before it handled
         self.drained = False
         self._scheduled: asyncio.Handle | None = None
-        self._outbox: memoryview | None = None
+        #: frames not yet written, in order: ``[what is left of it, is a message]``; only the
+        #: first may be partly written (``_head_started``)
+        self._outbox: deque[list[Any]] = deque()
+        self._head_started = False
+        #: bytes of message frames queued and not yet taken by the socket
+        self.message_bytes = 0
+        #: called after some message bytes were written, and once at close (senders wait on it)
+        self.on_drain: Callable[[], None] | None = None
 
     # -- writing ----------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` (a job); what the socket does not take now is written when it can."""
+        """Write ``data`` (a job frame); what the socket does not take now is written when it
+        can, in order after what was queued before."""
+        self._enqueue(data, False)
+
+    def send_message(self, frame: bytes) -> None:
+        """Write one message frame for the running job (see ``ProcessJob.send``), in order.
+
+        Its bytes count in ``message_bytes`` until the socket took them; ``on_drain`` is called
+        each time some of them were written. A no-op once the channel is closed.
+        """
+        self._enqueue(frame, True)
+
+    def _enqueue(self, data: bytes, is_message: bool) -> None:
         if self.closed:
             return
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            return  # the worker is gone; its pidfd tells the pool
-        if sent < len(data):
-            self._outbox = memoryview(data)[sent:]
+        if not self._outbox:
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return  # the worker is gone; its pidfd tells the pool
+            if sent == len(data):
+                return
+            self._outbox.append([memoryview(data)[sent:], is_message])
+            self._head_started = sent > 0
             self._loop.add_writer(self.fd, self._on_writable)
+            if is_message:
+                self.message_bytes += len(data) - sent
+            return
+        self._outbox.append([memoryview(data), is_message])
+        if is_message:
+            self.message_bytes += len(data)
 
     def _on_writable(self) -> None:
         outbox = self._outbox
-        if outbox is not None:
+        written = False
+        while outbox:
+            entry = outbox[0]
+            view: memoryview = entry[0]
             try:
-                sent = self.sock.send(outbox)
+                sent = self.sock.send(view)
             except BlockingIOError:
-                return
+                break
             except OSError:
-                sent = len(outbox)
-            self._outbox = outbox[sent:] if sent < len(outbox) else None
-        if self._outbox is None:
+                # the worker is gone (its pidfd tells the pool): nothing queued can arrive
+                outbox.clear()
+                self.message_bytes = 0
+                written = True
+                break
+            if entry[1]:
+                written = True
+                self.message_bytes -= sent
+            if sent < len(view):
+                entry[0] = view[sent:]
+                self._head_started = True
+                break
+            outbox.popleft()
+            self._head_started = False
+        if not outbox:
+            self._loop.remove_writer(self.fd)
+        if written and self.on_drain is not None:
+            self.on_drain()
+
+    def drop_messages(self) -> None:
+        """Forget the queued message frames not yet begun (their job ended); a frame partly
+        written already is finished, so the stream stays in frames."""
+        outbox = self._outbox
+        if not self.message_bytes or not outbox:
+            return
+        kept: deque[list[Any]] = deque()
+        for index, entry in enumerate(outbox):
+            if entry[1] and not (index == 0 and self._head_started):
+                self.message_bytes -= len(entry[0])
+            else:
+                kept.append(entry)
+        # a begun head is kept, so ``_head_started`` stays true of the head
+        self._outbox = kept
+        if not kept:
             self._loop.remove_writer(self.fd)
 
     # -- reading ----------------------------------------------------------------------------
@@ -184,8 +252,11 @@ class Channel:
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
-        if self._outbox is not None:
+        if self._outbox:
             self._loop.remove_writer(self.fd)
-            self._outbox = None
+            self._outbox.clear()
+        self.message_bytes = 0
         self._bury(self.assembler.reset())
         self.sock.close()
+        if self.on_drain is not None:
+            self.on_drain()

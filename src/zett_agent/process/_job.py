@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
@@ -17,11 +18,17 @@ import psutil
 
 from ._errors import JobCancelled
 from ._limits import ProcessLimits
+from ._protocol import FLAG_MESSAGE, HEADER
 
 if TYPE_CHECKING:
+    from ._channel import Channel
     from ._pool import ProcessPool
 
-__all__ = ["JobStatus", "JobUsage", "ProcessJob"]
+__all__ = ["SEND_BUFFER_BYTES", "JobStatus", "JobUsage", "ProcessJob"]
+
+#: Bytes of messages (``ProcessJob.send``) the host holds per job that the worker's socket has
+#: not taken yet; a sender waits while one more would exceed it, and no message may be larger.
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class JobStatus(enum.Enum):
@@ -109,6 +116,15 @@ class ProcessJob:
         self._callbacks: list[Callable[[ProcessJob], object]] = []
         #: set when the pool starts killing the job: the outcome it will end with
         self._kill_reason: BaseException | None = None
+        #: the worker's channel, once something was sent to the running job
+        self._channel: Channel | None = None
+        self._max_send = SEND_BUFFER_BYTES
+        #: senders in ``send`` that wait for room (newcomers queue behind them)
+        self._senders = 0
+        self._send_lock: asyncio.Lock | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+        #: takes each event before it is buffered; returns True when it consumed it
+        self._event_filter: Callable[[Any, int], bool] | None = None
 
     def __repr__(self) -> str:
         pid = f" pid={self.pid}" if self.pid is not None else ""
@@ -158,6 +174,16 @@ class ProcessJob:
             self._final_cpu = cpu
         if peak_rss is not None:
             self._final_peak = peak_rss
+        channel = self._channel
+        if channel is not None:
+            self._channel = None
+            # what was sent to this job and not begun goes nowhere: the next job on this
+            # worker must not wait behind it (the worker would discard it anyway)
+            channel.drop_messages()
+            if channel.on_drain == self._on_drain:
+                channel.on_drain = None
+        self._wake_sender()
+        self._event_filter = None
         self._result = result
         self._exception = exception
         self._done.set_result(None)
@@ -256,10 +282,119 @@ class ProcessJob:
         self._pool._kill_job(self, JobCancelled(), grace)
         await asyncio.shield(self._done)
 
+    # -- messages to the running job --------------------------------------------------------
+
+    async def send(self, value: Any, *, topic: str = "") -> None:
+        """Send ``value`` (JSON data) to the running job, which reads it with
+        ``zett_agent.process._inbox.receive(topic)`` (or ``receive_blocking``).
+
+        Messages arrive in the order they were sent (across topics too); each topic is a
+        separate queue in the job. ``send`` returns once the message is queued for the worker's
+        socket, not once the job read it: delivery is not confirmed, and a message the job
+        never reads is discarded when it ends. Backpressure: while the messages queued for
+        this job and not yet taken by the socket would exceed ``SEND_BUFFER_BYTES`` (4 MiB)
+        with this one (the job does not read, and its socket buffer is full), ``send`` waits;
+        senders that wait are served in order. The host never holds more than that per job.
+
+        Raises:
+            TypeError: ``value`` is not JSON data (an object, a set; tuples become lists,
+                non-``str`` keys are converted as ``json.dumps`` does), or ``topic`` is not a
+                ``str``.
+            ValueError: ``value`` encodes to more than ``SEND_BUFFER_BYTES``, or holds NaN or
+                an infinity, or a cycle.
+            RuntimeError: the job is not running: queued, finished, or being killed (also
+                when that happens while ``send`` waits).
+
+        Cancellation: a message whose ``send`` is cancelled while waiting is not sent.
+        """
+        frame = self._message_frame(value, topic)
+        channel = self._sendable()
+        if not self._senders and channel.message_bytes + len(frame) <= self._max_send:
+            channel.send_message(frame)
+            return
+        if self._send_lock is None:
+            self._send_lock = asyncio.Lock()
+        self._senders += 1
+        try:
+            async with self._send_lock:
+                while True:
+                    channel = self._sendable()
+                    if channel.message_bytes + len(frame) <= self._max_send:
+                        break
+                    waiter = self._drain_waiter = self._loop.create_future()
+                    try:
+                        await waiter
+                    finally:
+                        self._drain_waiter = None
+                channel.send_message(frame)
+        finally:
+            self._senders -= 1
+
+    def _message_frame(self, value: Any, topic: str) -> bytes:
+        if not isinstance(topic, str):
+            raise TypeError(f"send(topic=...) must be a str, got {type(topic).__name__}")
+        try:
+            text = json.dumps(
+                {"t": topic, "v": value}, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            )
+        except TypeError as exc:
+            raise TypeError(
+                f"send() takes JSON data (dicts, lists, str, int, float, bool, None): {exc}"
+            ) from None
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"send() cannot encode the value as JSON: {exc}") from None
+        body = text.encode()
+        if len(body) + 1 > self._max_send:
+            raise ValueError(
+                f"a message of {len(body) + 1} bytes is larger than the {self._max_send} "
+                "bytes a job's messages may hold at once; send it in parts"
+            )
+        return b"".join((HEADER.pack(len(body) + 1), bytes((FLAG_MESSAGE,)), body))
+
+    def _sendable(self) -> Channel:
+        """The running job's channel; ``RuntimeError`` when messages cannot go to the job."""
+        channel = self._channel
+        if channel is None and self.status is JobStatus.RUNNING and self._kill_reason is None:
+            worker = self._pool._busy.get(self)
+            if worker is not None and worker.channel is not None:
+                channel = self._channel = worker.channel
+                channel.on_drain = self._on_drain
+        if (
+            channel is None
+            or channel.closed
+            or self.status is not JobStatus.RUNNING
+            or self._kill_reason is not None
+        ):
+            state = "being stopped" if self._kill_reason is not None else self.status.value
+            raise RuntimeError(
+                f"cannot send to {self!r}: it is {state}; messages go only to a running job "
+                "(check job.status, or wait for job.events() to show it runs)"
+            )
+        return channel
+
+    def _on_drain(self) -> None:
+        self._wake_sender()
+
+    def _wake_sender(self) -> None:
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _set_event_filter(self, accept: Callable[[Any, int], bool] | None) -> None:
+        """Let ``accept(value, cost)`` take each event before it is buffered (for the runner
+        layer: a broker serving the job's requests). It runs on the event loop for every
+        event, must be quick and must not raise; ``True`` means it took the event, which then
+        never appears in ``events()`` nor counts against the buffers. Cleared when the job
+        ends."""
+        self._event_filter = accept
+
     # -- events -----------------------------------------------------------------------------
 
     def _push_event(self, value: Any, cost: int) -> None:
         """Store an event; without a consumer, drop the oldest beyond ``max_buffered_events``."""
+        accept = self._event_filter
+        if accept is not None and accept(value, cost):
+            return
         self._events.append((value, cost))
         self._held += cost
         if len(self._events) > self._max_events and not self._consumer:

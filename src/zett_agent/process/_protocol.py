@@ -1,10 +1,13 @@
 """Framing between the parent and a worker, and the kinds of messages a worker sends.
 
 A frame is a 4-byte big-endian length followed by that many payload bytes. Parent to worker,
-the payload is one flag byte plus a cloudpickle'd job. Worker to parent, a frame is either a
-*JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text frame* (raw UTF-8, at most
-``TEXT_SLICE`` bytes) that a JSON frame announced. The parent only ever ``json`` -decodes or
-UTF-8-decodes what a worker wrote; anything else is a protocol violation.
+the payload is one flag byte plus either a cloudpickle'd job or, with ``FLAG_MESSAGE``, a
+message for the running job: UTF-8 JSON ``{"t": TOPIC, "v": VALUE}`` (see ``ProcessJob.send``
+and ``_inbox``; a worker discards a message frame that arrives while it has no job). Worker to
+parent, a frame is either a *JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text
+frame* (raw UTF-8, at most ``TEXT_SLICE`` bytes) that a JSON frame announced. The parent only
+ever ``json`` -decodes or UTF-8-decodes what a worker wrote; anything else is a protocol
+violation.
 
 Every frame is small on purpose: decoding one costs the parent's event loop about a
 millisecond at most, whatever it holds, and the parent counts what each decodes into against a
@@ -38,6 +41,7 @@ from typing import Any
 __all__ = [
     "CHUNK",
     "FLAG_LAST",
+    "FLAG_MESSAGE",
     "HEADER",
     "MAX_DEPTH",
     "TEXT_SLICE",
@@ -57,6 +61,8 @@ MAX_DEPTH = 200
 
 #: flag bit in a job frame: the worker runs no job after this one
 FLAG_LAST = 1
+#: flag bit of a host-to-worker frame that carries a message for the running job, not a job
+FLAG_MESSAGE = 2
 
 
 class FrameError(Exception):

@@ -25,7 +25,8 @@ from typing import Any, NoReturn
 
 from . import _linux, _scan
 from ._encode import Encoder
-from ._protocol import CHUNK, FLAG_LAST, HEADER
+from ._inbox import Inbox
+from ._protocol import CHUNK, FLAG_LAST, FLAG_MESSAGE, HEADER
 
 __all__ = ["emit", "serve"]
 
@@ -34,12 +35,15 @@ _JSON_HINT = "JSON data (dicts with str keys, lists, tuples, str, int, float, bo
 
 class _Channel:
     """The worker's end of its socket. One message at a time (a lock), blocking writes
-    (backpressure: the parent stops reading while its buffer for the job is full)."""
+    (backpressure: the parent stops reading while its buffer for the job is full). What the
+    host sends is read by the job loop (jobs) and the ``inbox`` (messages to the running job,
+    see ``_inbox``), from one shared buffer."""
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
         self.sock = sock
         self.lock = threading.Lock()
         self.encoder = Encoder(self._send_frame, max_frame_bytes, send_parts=self._send_parts)
+        self.inbox = Inbox(sock)
 
     def _send_frame(self, payload: bytes) -> None:
         header = HEADER.pack(len(payload))
@@ -276,11 +280,14 @@ def serve(
     if not select.select([sock], [], [], _WARM_UP_AFTER)[0]:
         _warm_up()
     me = os.getpid()
-    received = bytearray()
+    received = _channel.inbox.buffer
     while True:
         body = _recv_frame(sock, received)
         if body is None:
             break
+        if body[0] & FLAG_MESSAGE:
+            continue  # for a job that ended (sent as it finished): never read as a job
+        _channel.inbox.start_job()
         last = body[0] & FLAG_LAST
         # a job may have switched it off; orphans of the next job must land here again
         _linux.set_child_subreaper()

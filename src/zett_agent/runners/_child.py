@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from zett_agent.extensions._definition import SubAgentDefinition
     from zett_agent.extensions._subagent import ChildAgentExtension
 
-__all__ = ["ChildSpec", "ProgressModel", "run_child", "unpicklable_part"]
+__all__ = ["ChildSpec", "ProgressModel", "run_child", "run_pickled_child", "unpicklable_part"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,11 @@ class ChildSpec:
             is importable, by value (cloudpickle) when it lives in ``__main__``.
         state: What the extension's ``child_state()`` returned: the attributes ``self`` has
             inside ``_create_child`` in the child.
+        broker: Broker the child's model calls (internal; set by whoever builds the spec):
+            the runner ships the child keyless stand-ins for every brokerable model in the
+            spec and makes their calls in the parent (see ``zett_agent.runners._broker``).
+            ``ProcessRunner`` honours it, ``RayRunner`` refuses it, ``InProcessRunner``
+            ignores it (its children share the parent's memory anyway).
     """
 
     definition: SubAgentDefinition
@@ -55,6 +60,7 @@ class ChildSpec:
     prompt: str
     factory: type[ChildAgentExtension] | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
+    broker: bool = False
 
 
 class ProgressModel:
@@ -128,6 +134,22 @@ async def run_child(spec: ChildSpec, emit: Callable[[Any], None] | None = None) 
         await agent.close()
         await _close_subagent_extensions(agent)
     return {"content": result.content, "seconds": time.monotonic() - started}
+
+
+async def run_pickled_child(
+    payload: bytes, emit: Callable[[Any], None] | None = None
+) -> dict[str, Any]:
+    """``run_child`` on a spec the runner pickled itself (a brokered spec: its models were
+    replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker``)."""
+    import cloudpickle
+
+    from zett_agent.runners._standin import relay_from_here
+
+    spec = cloudpickle.loads(payload)
+    if not isinstance(spec, ChildSpec):
+        raise TypeError(f"run_pickled_child() takes a pickled ChildSpec, got {type(spec).__name__}")
+    relay_from_here()  # the children this child starts are brokered through its own broker
+    return await run_child(spec, emit)
 
 
 async def _close_subagent_extensions(agent: Agent) -> None:

@@ -17,10 +17,17 @@ from zett_agent.process import (
     ProcessLimits,
     ProcessPool,
 )
-from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
+from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
 from zett_agent.runners._preload import RUNTIME_MODULES, excluded
+from zett_agent.runners._standin import relaying as _relaying
+
+if TYPE_CHECKING:
+    from zett_agent.runners._broker import Broker
 
 __all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner"]
+
+#: what a brokered child imports beyond the runtime (preloaded with ``broker=True``)
+_BROKER_MODULES = ("zett_agent.runners._standin", "zett_agent.process._inbox")
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +46,19 @@ class ProcessChildJob:
     ``job`` is the underlying ``zett_agent.process.ProcessJob`` (its ``status``, ``limits``,
     ``dropped_events``). While the job waits for a free process (the runner's
     ``max_children`` are all in use), ``info()`` says so: ``{"waiting": "waiting for a
-    process: 256 of 256 in use"}``.
+    process: 256 of 256 in use"}``. A brokered child's info has ``{"broker": {"calls": N,
+    "refused": M}}``: the model calls the parent made for it, and the requests it refused.
     """
 
-    __slots__ = ("_grace", "_pool", "job")
+    __slots__ = ("_broker", "_grace", "_pool", "job")
 
-    def __init__(self, job: ProcessJob, pool: ProcessPool, grace: float | None) -> None:
+    def __init__(
+        self, job: ProcessJob, pool: ProcessPool, grace: float | None, broker: Broker | None = None
+    ) -> None:
         self.job = job
         self._pool = pool
         self._grace = grace
+        self._broker = broker
 
     def __repr__(self) -> str:
         return f"<ProcessChildJob {self.job!r}>"
@@ -72,8 +83,12 @@ class ProcessChildJob:
         return self.job.exception()
 
     async def cancel(self) -> None:
-        """Kill the child's whole process tree; returns once every process is reaped."""
+        """Kill the child's whole process tree; returns once every process is reaped (and,
+        for a brokered child, once the provider requests the parent made for it are closed)."""
         await self.job.cancel(grace=self._grace)
+        if self._broker is not None:
+            self._broker.close()
+            await self._broker.wait_closed()
 
     def usage(self) -> JobUsage:
         return self.job.usage()
@@ -85,6 +100,8 @@ class ProcessChildJob:
             return {
                 "waiting": f"waiting for a process: {pool.running} of {pool.max_workers} in use"
             }
+        if self._broker is not None:
+            return {"broker": self._broker.info()}
         return {}
 
 
@@ -139,6 +156,13 @@ class ProcessRunner:
         preload_exclude: Modules (and packages: a name covers its submodules) never preloaded
             automatically, for modules whose import has side effects that must not happen in
             the launcher (a thread, a connection, a file opened at import time).
+        broker: Broker the model calls of every child (default ``False``: only the children
+            whose spec asks for it). A brokered child gets a keyless stand-in for each model
+            whose class declares ``brokerable = True`` (``OpenAIChatModel``), its definition's
+            or the parent's, and the definitions' of its own children; the parent makes the
+            calls with the real model and streams the events back over the child's channel.
+            The child needs no network and never holds the key. See the README ("Brokered
+            model calls") and ``zett_agent.runners._broker`` for what is bounded.
 
     If an automatically found module fails to import in the launcher, the pool starts again
     without the automatic modules (a warning is logged naming the error); children then
@@ -158,6 +182,7 @@ class ProcessRunner:
         preload: Sequence[str] | None = None,
         preload_exclude: Sequence[str] = (),
         nice: int | None = None,
+        broker: bool = False,
     ) -> None:
         if pool is not None and not isinstance(pool, ProcessPool):
             raise TypeError(f"pool must be a zett_agent.process.ProcessPool, got {pool!r}")
@@ -189,16 +214,21 @@ class ProcessRunner:
             raise ValueError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
         if isinstance(preload, str) or isinstance(preload_exclude, str):
             raise TypeError("preload and preload_exclude take a list of module names, not a str")
+        if not isinstance(broker, bool):
+            raise TypeError(f"broker must be True or False, got {broker!r:.40}")
         self.max_children = max_children
         self.spare_processes = min(2, max_children) if spare_processes is None else spare_processes
         self.kill_grace = kill_grace
         self.preload = None if preload is None else tuple(preload)
         self.preload_exclude = tuple(preload_exclude)
         self.nice = 0 if nice is None else nice
+        self.broker = broker
         self._shared = pool
         self._init_runtime()
 
     def _init_runtime(self) -> None:
+        #: the brokers of brokered children still serving (close() waits for them)
+        self._brokers: set[Broker] = set()
         self._own: ProcessPool | None = None
         self._closing_pool: ProcessPool | None = None
         self._wanted: dict[str, None] = {}
@@ -223,9 +253,11 @@ class ProcessRunner:
             "preload": self.preload,
             "preload_exclude": self.preload_exclude,
             "nice": self.nice,
+            "broker": self.broker,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("broker", False)
         self.__dict__.update(state)
         self._shared = None
         self._init_runtime()
@@ -261,19 +293,34 @@ class ProcessRunner:
         """Start ``run_child(spec)`` in a pool process; returns at once (after the pool's
         first start). The child waits for a process if ``max_children`` are busy.
 
+        A brokered child (``spec.broker``, ``broker=True``, or any child of a process that got
+        its own models through a broker) is shipped with keyless stand-ins for its brokerable
+        models, and the parent serves their calls (see ``zett_agent.runners._broker``).
+
         Raises ``TypeError`` naming the part of the spec that cannot be pickled, and
         ``RuntimeError`` once closed.
         """
         pool = await self._pool()
+        target: Any = run_child
+        argument: Any = spec
+        models: list[Any] = []
         try:
+            if spec.broker or self.broker or _relaying():
+                from zett_agent.runners._broker import pickle_brokered
+
+                target = run_pickled_child
+                try:
+                    argument, models = pickle_brokered(spec)
+                except Exception as exc:  # cloudpickle raises more than TypeError
+                    raise TypeError(f"{type(exc).__name__}: {exc}") from exc
             try:
-                job = pool.submit(run_child, spec, limits=limits)
+                job = pool.submit(target, argument, limits=limits)
             except PoolClosed:
                 if self._shared is not None or self._closed:
                     raise
                 # our own pool lost its launcher (killed from outside): start a new one
                 pool = await self._replace(pool)
-                job = pool.submit(run_child, spec, limits=limits)
+                job = pool.submit(target, argument, limits=limits)
         except TypeError as exc:
             part = unpicklable_part(spec) or str(exc)
             raise TypeError(
@@ -283,11 +330,23 @@ class ProcessRunner:
                 "the child, inside the tool or the model), or define the class in an "
                 "importable module"
             ) from exc
-        return ProcessChildJob(job, pool, self.kill_grace)
+        broker = self._serve(job, models) if models else None
+        return ProcessChildJob(job, pool, self.kill_grace, broker)
+
+    def _serve(self, job: ProcessJob, models: list[Any]) -> Broker:
+        """A broker for ``job``'s calls; kept until its last call ended after the job did."""
+        from zett_agent.runners._broker import Broker
+
+        broker = Broker(job, models, on_idle=self._brokers.discard)
+        self._brokers.add(broker)
+        job._set_event_filter(broker.accept)
+        job.add_done_callback(broker.close)  # every open call is cancelled: its request closes
+        return broker
 
     async def close(self) -> None:
         """Close the pool this runner created, killing whatever still runs in it (a shared
-        pool stays open). Idempotent. A pool still starting is waited for, then closed."""
+        pool stays open), and wait until every provider request made for a brokered child is
+        closed. Idempotent. A pool still starting is waited for, then closed."""
         self._closed = True
         if self._warming is not None:
             await asyncio.gather(self._warming, return_exceptions=True)
@@ -299,6 +358,9 @@ class ProcessRunner:
         if self._closing_pool is not None:
             # every caller returns once it is closed (a pool's close is shared by its callers)
             await self._closing_pool.close()
+        for broker in list(self._brokers):
+            broker.close()
+            await broker.wait_closed()
 
     async def __aenter__(self) -> ProcessRunner:
         return self
@@ -337,6 +399,8 @@ class ProcessRunner:
     async def _start_own(self) -> ProcessPool:
         chosen = list(self._wanted) if self.preload is None else list(self.preload)
         extra = [name for name in chosen if name not in RUNTIME_MODULES]
+        if self.broker:
+            extra += [name for name in _BROKER_MODULES if name not in extra]
         try:
             return await self._new_pool((*RUNTIME_MODULES, *extra))
         except ProcessError as exc:

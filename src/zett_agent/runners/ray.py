@@ -706,9 +706,17 @@ class RayRunner:
         Raises:
             TypeError: the spec cannot be shipped to Ray (the message names the part).
             ValueError: a limit Ray children cannot have (``max_processes``,
-                ``tree_memory_bytes``).
+                ``tree_memory_bytes``), or a brokered spec (``spec.broker``): Ray children
+                cannot have their model calls made by the parent yet.
             RuntimeError: the runner is closed.
         """
+        if spec.broker:
+            raise ValueError(
+                f"cannot start a child of {spec.definition.name!r} on Ray with brokered model "
+                "calls: RayRunner does not broker model calls yet (the child would need the "
+                "model's key on its node). Run this child on ProcessRunner, or give it a "
+                "model it may hold"
+            )
         options = self.placement.get(spec.definition.name, {})
         try:
             return await self._submit(
