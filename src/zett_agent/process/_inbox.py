@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import socket
 import threading
@@ -67,8 +68,12 @@ class Inbox:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
-        #: a blocking receiver is in ``select`` on the socket
+        #: a blocking receiver is in ``select`` on the socket, and its thread
         self._sync_reading = False
+        self._sync_thread: int | None = None
+        #: a pipe the blocking reader also waits on: another reader that took the messages it
+        #: waited for (between its release of ``lock`` and its ``select``) writes a byte to it
+        self._bell: tuple[int, int] | None = None
 
     def start_job(self) -> None:
         """A new job starts: forget the messages and waiters of the one before."""
@@ -114,6 +119,13 @@ class Inbox:
         else:
             self.eof = True
         self.cond.notify_all()
+        if (
+            self._sync_reading
+            and self._bell is not None
+            and self._sync_thread != threading.get_ident()
+        ):
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._bell[1], b"\0")  # the blocking reader looks at the boxes again
         if self._loop is not None:
             if self._thread == threading.get_ident():
                 self._wake()
@@ -239,15 +251,23 @@ def receive_blocking(topic: str = "", timeout: float | None = None) -> Any:
             if inbox._sync_reading or inbox._loop is not None:
                 inbox.cond.wait(left)  # another reader reads for us, and wakes us
                 continue
+            if inbox._bell is None:
+                inbox._bell = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            bell = inbox._bell[0]
             inbox._sync_reading = True
+            inbox._sync_thread = threading.get_ident()
             try:
                 inbox.lock.release()
                 try:
-                    ready = select.select([inbox.sock], [], [], left)[0]
+                    ready = select.select([inbox.fd, bell], [], [], left)[0]
                 finally:
                     inbox.lock.acquire()
-                if ready:
+                if bell in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(bell, 4096)
+                if inbox.fd in ready:
                     inbox._read()
             finally:
                 inbox._sync_reading = False
+                inbox._sync_thread = None
                 inbox.cond.notify_all()  # a receiver that waited may read next
