@@ -50,7 +50,9 @@ class Reply:
     read on the client). ``hold`` keeps the response open after the chunks until the client goes
     away; ``drop`` closes the connection without answering. ``raw`` replaces all of that: those
     bytes are the whole response, written piece by piece (each drained), then the connection
-    is closed (or held, with ``hold``).
+    is closed (or held, with ``hold``). ``flood``, after ``raw``: those bytes written again and
+    again (``every`` seconds apart, or as fast as the client reads) until the client goes away,
+    as a hostile server would.
     """
 
     status: int = 200
@@ -59,6 +61,8 @@ class Reply:
     hold: bool = False
     drop: bool = False
     raw: Sequence[bytes] | None = None
+    flood: bytes = b""
+    every: float = 0.0
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    raw: bytes = b""  # the body as sent
 
 
 def sse(*chunks: Any, done: bool = True) -> list[bytes]:
@@ -153,11 +158,39 @@ class LoopbackServer(_Served):
                 pass
         self.client_gone.set()
 
+    async def _flood(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, piece: bytes, every: float
+    ) -> None:
+        """Write ``piece`` until the client goes away: its end of the connection closes (seen
+        by reading) or a write fails, whichever comes first."""
+        block = piece if every else piece * max(1, 65536 // len(piece))
+
+        async def write() -> None:
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    writer.write(block)
+                    await writer.drain()
+                    if every:
+                        await asyncio.sleep(every)
+
+        tasks = [
+            asyncio.ensure_future(write()),
+            asyncio.ensure_future(self._until_client_gone(reader)),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.client_gone.set()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             method, path, headers, _head = await read_request_head(reader)
             raw = await reader.readexactly(int(headers.get("content-length", "0")))
-            self.requests.append(Received(method, path, headers, json.loads(raw) if raw else None))
+            body = json.loads(raw.decode("utf-8")) if raw else None  # strict UTF-8, as a server
+            self.requests.append(Received(method, path, headers, body, raw))
             reply = self._replies.pop(0) if self._replies else json_reply(599, "unscripted")
             if reply.drop:
                 return
@@ -165,6 +198,9 @@ class LoopbackServer(_Served):
                 for piece in reply.raw:
                     writer.write(piece)
                     await writer.drain()
+                if reply.flood:
+                    await self._flood(reader, writer, reply.flood, reply.every)
+                    return
                 if reply.hold:
                     await self._until_client_gone(reader)
                 return

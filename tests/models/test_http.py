@@ -45,7 +45,9 @@ async def lines_of(reply: Reply, limit: int = 2**20) -> tuple[int, list[str]]:
             server.url + "/chat/completions", b"{}", {}, io_timeout=HANG_GUARD
         )
         try:
-            return response.status, [line async for line in response.aiter_lines(limit)]
+            return response.status, [
+                line async for lines in response.aiter_lines(limit, 2**26) for line in lines
+            ]
         finally:
             await response.aclose()
 
@@ -217,15 +219,16 @@ async def test_a_stream_line_over_the_bound_is_a_model_error(
 async def test_an_event_that_never_ends_is_held_only_up_to_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Data lines with no blank line between them pile up in one event: bounded too."""
-    monkeypatch.setattr(_openai, "_MAX_JSON_BYTES", 10_000)
+    """Data lines with no blank line between them pile up in one event: the response's budget
+    bounds them."""
+    monkeypatch.setattr(_openai, "_MAX_RESPONSE_BYTES", 10_000)
     line = b"data: " + json.dumps(chunk({"content": "w" * 100})).encode() + b"\n"
     reply = Reply(chunks=[line] * 100, hold=True)
     async with LoopbackServer([reply]) as server:
         error = await raises(OpenAIChatModel("m", base_url=server.url))
         await asyncio.wait_for(server.client_gone.wait(), HANG_GUARD)
     assert type(error) is ModelError and not error.retryable
-    assert "one server-sent event of more than 10000 characters of data" in str(error)
+    assert "could not be decoded: the response body exceeds 10000 bytes" in str(error)
 
 
 async def test_an_oversized_error_body_keeps_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,7 +260,10 @@ async def test_a_server_that_never_answers_times_out_while_reading_the_head() ->
         error = await raises(OpenAIChatModel("m", base_url=server.url, timeout=0.2))
         await asyncio.wait_for(server.client_gone.wait(), HANG_GUARD)
     assert isinstance(error, TransientModelError)
-    assert "did not answer within 0.2 s (ReadTimeout)" in str(error)
+    assert "did not answer within 0.2 s (ReadTimeout: the response head was not complete " in str(
+        error
+    )
+    assert "(nothing of it arrived)" in str(error)
 
 
 async def test_a_tls_handshake_that_never_completes_times_out_as_connecting(
@@ -279,7 +285,7 @@ async def test_a_tls_handshake_that_never_completes_times_out_as_connecting(
         error = await raises(model)
         await asyncio.wait_for(gone.wait(), HANG_GUARD)
     assert isinstance(error, TransientModelError) and error.status is None
-    assert "did not answer within 0.2 s (ConnectTimeout)" in str(error)
+    assert "did not answer within 0.2 s (ConnectTimeout: connecting (TCP, " in str(error)
 
 
 async def test_a_refused_connection_is_transient() -> None:

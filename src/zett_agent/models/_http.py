@@ -22,10 +22,19 @@ What it does, and no more:
   through a ``CONNECT`` tunnel and then TLS with the target, ``http://`` targets are sent to the
   proxy in absolute form. Credentials in the proxy URL are sent as ``Proxy-Authorization: Basic``.
 
-Bounds, so a hostile or broken server cannot make a client hold much: the status line and
-headers at most ``MAX_HEAD_BYTES``, a line of the body at most the ``limit`` given to
-``aiter_lines``, a whole body at most the ``limit`` given to ``aread``; more is a
-``DecodingError`` that says which bound was crossed.
+The framing itself (the head, Content-Length, chunked, until the end of the connection) is
+``zett_agent.models._http_readers``, which does no I/O; this module moves bytes between the
+socket and those readers.
+
+Bounds, so a hostile or broken server cannot make a client hold much, spin, or stall its event
+loop: the status lines and headers of a response, interim (1xx) responses included, at most
+``MAX_HEAD_BYTES`` and ``MAX_INTERIM`` interim responses, all within ``io_timeout`` of the
+request being sent; a whole body as received (chunk framing included) at most the ``limit``
+given to ``aread`` or ``aiter_lines``, a line of it at most ``line_limit``, a chunked body at
+most ``MAX_CHUNKS`` chunks; more is a ``DecodingError`` that says which bound was crossed.
+Reading yields to the event loop after every ``_PACE`` units of work (a byte received is one, a
+chunk or a line handed out ``_PIECE_WORK`` or ``_LINE_WORK``), so a flood of tiny lines or
+chunks that arrived at once is read in slices of a millisecond or so.
 
 Errors, each with one meaning (the cause is chained in ``__cause__``): ``HTTPTimeout``
 (``ConnectTimeout``, ``WriteTimeout``, ``ReadTimeout``) when one step took longer than
@@ -33,8 +42,8 @@ Errors, each with one meaning (the cause is chained in ``__cause__``): ``HTTPTim
 response did (``OSError``, ``ssl.SSLError`` such as a certificate that does not verify, a proxy
 that refused the tunnel); ``DecodingError`` when the response is not HTTP/1.x as this client
 reads it; ``RequestError`` when the request cannot be sent as configured (a header value with a
-line break, an unsupported proxy URL). Cancellation is never wrapped: the connection is closed
-and ``CancelledError`` propagates.
+line break, an unsupported proxy URL). Nothing else escapes a call of this module but
+``CancelledError``, which is never wrapped: the connection is closed and it propagates.
 """
 
 from __future__ import annotations
@@ -47,8 +56,27 @@ import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from zett_agent.models._http_readers import (
+    MAX_HEAD_BYTES,
+    MAX_INTERIM,
+    BodyReader,
+    ConnectTimeout,
+    DecodingError,
+    Head,
+    HeadReader,
+    HTTPError,
+    HTTPTimeout,
+    NoBodyReader,
+    ReadTimeout,
+    RequestError,
+    TransportError,
+    WriteTimeout,
+    body_reader,
+)
+
 __all__ = [
     "MAX_HEAD_BYTES",
+    "MAX_INTERIM",
     "ConnectTimeout",
     "DecodingError",
     "HTTPError",
@@ -63,45 +91,16 @@ __all__ = [
     "proxy_for",
 ]
 
-#: the status line and headers of a response (or of a proxy's answer to CONNECT), at most
-MAX_HEAD_BYTES = 64 * 1024
 #: bytes asked of the socket per read; also the most a body line may overrun its limit by
-_PIECE = 64 * 1024
-# Body framings.
-_LENGTH, _CHUNKED, _EOF, _DONE = range(4)
-
-
-class HTTPError(Exception):
-    """Base of the errors of this module."""
-
-
-class HTTPTimeout(HTTPError):
-    """One step (connecting, sending, or one read of the response) took too long."""
-
-
-class ConnectTimeout(HTTPTimeout):
-    """Connecting (TCP, proxy tunnel, TLS handshake) took longer than ``io_timeout``."""
-
-
-class WriteTimeout(HTTPTimeout):
-    """Sending the request took longer than ``io_timeout``."""
-
-
-class ReadTimeout(HTTPTimeout):
-    """Nothing of the response arrived for ``io_timeout`` seconds."""
-
-
-class TransportError(HTTPError):
-    """The connection could not be made, broke, or ended before the response was complete."""
-
-
-class DecodingError(HTTPError):
-    """The response is not HTTP/1.x as this client reads it, or crossed one of its bounds."""
-
-
-class RequestError(HTTPError):
-    """The request cannot be sent as configured (the message says what to change)."""
-
+_PIECE = 16 * 1024
+#: what a connection's stream buffers (it stops reading the socket past twice that)
+_BUFFERED = 64 * 1024
+#: units of work between two yields to the event loop while reading (see the docstring)
+_PACE = 32 * 1024
+_LINE_WORK = 128
+_PIECE_WORK = 128  # a chunk of a chunked body
+#: lines ``aiter_lines`` hands out at once, at most
+_BATCH = 128
 
 _context: ssl.SSLContext | None = None
 
@@ -227,9 +226,10 @@ async def post(
 
     ``headers`` are sent as given, then ``Host``, ``Accept-Encoding: identity``,
     ``Content-Length`` and ``Connection: close``. ``io_timeout`` bounds connecting (TCP, the proxy
-    tunnel and the TLS handshake together), sending, and each read. ``tls`` gives the SSL context
-    for ``https://`` (called only then); ``env`` is where proxies are looked up (default
-    ``os.environ``, read at each call). The caller must ``await response.aclose()``.
+    tunnel and the TLS handshake together), sending, the whole response head (interim responses
+    included), and each read of the body. ``tls`` gives the SSL context for ``https://`` (called
+    only then); ``env`` is where proxies are looked up (default ``os.environ``, read at each
+    call). The caller must ``await response.aclose()``.
 
     Raises ``RequestError`` (nothing was sent: a header value with a line break or not ASCII, an
     unsupported proxy URL, a CA bundle that cannot be loaded), ``ConnectTimeout``, ``WriteTimeout``,
@@ -260,11 +260,11 @@ async def post(
             raise RequestError(f"the {field} header contains a line break; remove it")
         lines.append(f"{field}: {value}")
     lines += ["Accept-Encoding: identity", f"Content-Length: {len(content)}", "Connection: close"]
-    head = "\r\n".join(lines)
+    text = "\r\n".join(lines)
     try:
-        request = f"{head}\r\n\r\n".encode("ascii")
+        request = f"{text}\r\n\r\n".encode("ascii")
     except UnicodeEncodeError as exc:
-        raise RequestError(f"a request header is not ASCII: {head[exc.start : exc.end]!r}") from exc
+        raise RequestError(f"a request header is not ASCII: {text[exc.start : exc.end]!r}") from exc
 
     try:
         context = tls() if https else None
@@ -281,11 +281,11 @@ async def post(
                     port,
                     ssl=context,
                     server_hostname=host if https else None,
-                    limit=MAX_HEAD_BYTES,
+                    limit=_BUFFERED,
                 )
             else:
                 reader, writer = await asyncio.open_connection(
-                    proxy.hostname, proxy.port or 80, limit=MAX_HEAD_BYTES
+                    proxy.hostname, proxy.port or 80, limit=_BUFFERED
                 )
                 if context is not None:
                     await _tunnel(reader, writer, proxy, f"{name}:{port}", io_timeout)
@@ -296,13 +296,16 @@ async def post(
         async with asyncio.timeout(io_timeout):
             await writer.drain()
         phase = "read"
-        status, reason, fields = await _read_head(reader, io_timeout)
-        return Response(reader, writer, io_timeout, status, reason, fields)
+        buffer = bytearray()
+        head = await _read_head(reader, buffer, io_timeout)
+        return Response(reader, writer, io_timeout, head, buffer)
     except BaseException as exc:
         if writer is not None:
             await _close(writer)
-        if isinstance(exc, (OSError, EOFError, asyncio.LimitOverrunError)):
+        if isinstance(exc, OSError):
             raise _failure(exc, phase) from exc
+        if isinstance(exc, UnicodeError) and phase == "connect":  # the idna codec refused it
+            raise RequestError(f"the host name {host!r} is not valid: {exc}") from exc
         raise
 
 
@@ -325,54 +328,42 @@ async def _tunnel(
     lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", *_proxy_authorization(proxy)]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
     await writer.drain()
-    status, reason, _ = await _read_head(reader, io_timeout)
-    if not 200 <= status < 300:
-        hint = " (check the credentials in the proxy URL)" if status == 407 else ""
+    buffer = bytearray()
+    head = await _read_head(reader, buffer, io_timeout)
+    where = f"the proxy {proxy.hostname}:{proxy.port or 80}"
+    if not 200 <= head.status < 300:
+        hint = " (check the credentials in the proxy URL)" if head.status == 407 else ""
+        reason = head.reason.decode("latin-1")
         raise TransportError(
-            f"the proxy {proxy.hostname}:{proxy.port or 80} refused the tunnel to {authority}: "
-            f"HTTP {status} {reason}{hint}"
+            f"{where} refused the tunnel to {authority}: HTTP {head.status} {reason}{hint}"
         )
+    if buffer:  # the target has not spoken yet: these bytes are the proxy's, and not HTTP
+        raise DecodingError(f"{where} sent {bytes(buffer[:80])!r} after accepting the tunnel")
 
 
-async def _read_head(
-    reader: asyncio.StreamReader, io_timeout: float
-) -> tuple[int, str, dict[str, str]]:
-    """The status, reason and headers (lower-case names, repeats joined with ``", "``) of the
-    next final response; informational (1xx) responses are skipped."""
-    while True:
-        size = 0
-        lines: list[bytes] = []
-        while True:
-            async with asyncio.timeout(io_timeout):
-                line = await reader.readuntil(b"\n")
-            size += len(line)
-            if size > MAX_HEAD_BYTES:
-                raise DecodingError(f"the response head exceeds {MAX_HEAD_BYTES} bytes")
-            line = line.rstrip(b"\r\n")
-            if line:
-                lines.append(line)
-            elif lines:
-                break
-        version, _, rest = lines[0].decode("latin-1").partition(" ")
-        code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise DecodingError(f"the status line is not HTTP/1.x: {lines[0][:200]!r}")
-        headers: dict[str, str] = {}
-        name = ""
-        for field in lines[1:]:
-            text = field.decode("latin-1")
-            if text[0] in " \t" and name:  # obsolete line folding: more of the last value
-                headers[name] += " " + text.strip()
-                continue
-            name, colon, value = text.partition(":")
-            if not colon or not name or name != name.strip():
-                raise DecodingError(f"a response header is malformed: {field[:200]!r}")
-            name = name.lower()
-            value = value.strip()
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        status = int(code)
-        if not 100 <= status < 200 or status == 101:
-            return status, reason.strip(), headers
+async def _read_head(reader: asyncio.StreamReader, buffer: bytearray, io_timeout: float) -> Head:
+    """The head of the next final response (interim ones skipped), read into ``buffer``; what
+    came after it stays there. The whole head, interim responses included, has ``io_timeout``
+    seconds: a server trickling it byte by byte gets no longer."""
+    parse = HeadReader()
+    try:
+        async with asyncio.timeout(io_timeout):
+            while (head := parse(buffer)) is None:
+                piece = await reader.read(_PIECE)
+                if not piece:
+                    parse.read_eof()
+                buffer += piece
+    except TimeoutError as exc:
+        if exc.errno is not None:  # ETIMEDOUT from the socket
+            raise
+        got = parse.received + len(buffer)
+        what = f"only {got} bytes of it arrived" if got else "nothing of it arrived"
+        if parse.interim:
+            what += f", after {parse.interim} interim responses"
+        raise ReadTimeout(
+            f"the response head was not complete within {io_timeout:g} s ({what})"
+        ) from exc
+    return head
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -385,96 +376,92 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 def _failure(exc: BaseException, phase: str) -> HTTPError:
     """The error of this module for a low-level failure ``exc`` during ``phase``."""
     if isinstance(exc, TimeoutError) and exc.errno is None:  # asyncio.timeout, not ETIMEDOUT
-        kind = {"connect": ConnectTimeout, "write": WriteTimeout}.get(phase, ReadTimeout)
-        return kind(f"{phase} timed out")
-    if isinstance(exc, asyncio.IncompleteReadError):
-        return TransportError("the server closed the connection before the response was complete")
-    if isinstance(exc, asyncio.LimitOverrunError):
-        return DecodingError(
-            f"a header or chunk-size line of the response exceeds {MAX_HEAD_BYTES} bytes"
-        )
+        if phase == "connect":
+            return ConnectTimeout("connecting (TCP, a proxy tunnel, TLS) took too long")
+        if phase == "write":
+            return WriteTimeout("sending the request took too long")
+        return ReadTimeout("reading the response took too long")
     return TransportError(f"{type(exc).__name__}: {exc or 'connection failed'}")
 
 
+def _split(buffer: bytearray, cut: int, line_limit: int) -> list[str]:
+    """The lines of ``buffer[:cut]``, which ends with a line end (or is the last line).
+
+    Raises ``DecodingError`` for one longer than ``line_limit`` bytes."""
+    region = buffer[:cut]
+    if cut > line_limit and max(map(len, region.splitlines())) > line_limit:
+        raise DecodingError(f"a line of the response exceeds {line_limit} bytes")
+    if b"\r" in region:
+        return [line.decode("utf-8", "replace") for line in region.splitlines()]
+    # The common case, \n alone, split at C speed. No UTF-8 sequence holds a \n byte, so
+    # decoding the lines together is decoding them one by one.
+    lines = region.decode("utf-8", "replace").split("\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
+
+
 class Response:
-    """One response: its ``status``, ``reason`` and ``headers`` (lower-case names), and a body
-    to read once with ``aiter_lines()`` or ``aread()``. ``aclose()`` closes the connection."""
+    """One response: its ``status``, ``reason`` and ``headers`` (lower-case names, values
+    decoded as Latin-1), and a body to read once with ``aiter_lines()`` or ``aread()``.
+    ``aclose()`` closes the connection."""
 
     def __init__(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         io_timeout: float,
-        status: int,
-        reason: str,
-        headers: dict[str, str],
+        head: Head,
+        buffer: bytearray,
     ) -> None:
-        self.status = status
-        self.reason = reason
-        self.headers = headers
+        self.status = head.status
+        self.reason = head.reason.decode("latin-1")
+        self.headers = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in head.fields.items()
+        }
         self._reader = reader
         self._writer: asyncio.StreamWriter | None = writer
         self._timeout = io_timeout
-        self._left = 0  # bytes left of the body (_LENGTH) or of the current chunk (_CHUNKED)
-        self._crlf_due = False  # a chunk's data was read, its CRLF not yet
+        self._buffer = buffer  # received, not yet framed
+        self._received = len(buffer)  # bytes of the body received so far, framing included
+        self._work = 0  # since the last yield to the event loop
+        self._eof = False
         # A body this client cannot read is an error when the body is read, not before: the
         # status of an error response still counts (a 503 stays retryable whatever its body).
-        self._defect: str | None = None
+        self._body: BodyReader
         try:
-            self._framing = self._frame()
+            self._body = body_reader(head)
         except DecodingError as exc:
-            self._defect, self._framing = str(exc), _DONE
+            self._body = NoBodyReader(defect=str(exc))
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {self.reason}{' closed' if self._writer is None else ''}>"
 
-    def _frame(self) -> int:
-        codings = self.headers.get("content-encoding", "identity").lower()
-        if codings.replace("identity", "").strip(" ,"):
-            raise DecodingError(
-                f"the response is encoded with {codings!r} although the request asked for "
-                "identity (Accept-Encoding: identity)"
-            )
-        if self.status in (204, 304):
-            return _DONE
-        transfer = self.headers.get("transfer-encoding")
-        if transfer is not None:
-            codings = transfer.lower().replace(" ", "").replace("identity", "").strip(",")
-            if codings == "chunked":
-                return _CHUNKED
-            if codings:
-                raise DecodingError(f"the transfer coding {transfer!r} is not supported")
-            return _EOF
-        length = self.headers.get("content-length")
-        if length is None:
-            return _EOF
-        values = {v.strip() for v in length.split(",")}
-        if len(values) != 1 or not (value := values.pop()).isdigit():
-            raise DecodingError(f"the Content-Length {length!r} is not one number")
-        self._left = int(value)
-        return _LENGTH if self._left else _DONE
-
     async def aread(self, limit: int) -> bytes:
-        """The whole (rest of the) body. Raises ``DecodingError`` past ``limit`` bytes, and the
-        errors ``post`` lists for reading. Cancellation: propagates; the caller closes."""
+        """The whole (rest of the) body. Raises ``DecodingError`` once more than ``limit`` bytes
+        of it were received (chunk framing counts), and the errors ``post`` lists for reading.
+        Cancellation: propagates; the caller closes."""
         body = bytearray()
         try:
-            while piece := await self._next_piece():
+            while piece := await self._next_piece(limit):
                 body += piece
-                if len(body) > limit:
-                    raise DecodingError(f"the response body exceeds {limit} bytes")
-        except (OSError, EOFError, asyncio.LimitOverrunError) as exc:
+        except OSError as exc:
             raise _failure(exc, "read") from exc
         return bytes(body)
 
-    async def aiter_lines(self, limit: int) -> AsyncGenerator[str, None]:
-        """The body's lines as they arrive, without their ends (``\\n``, ``\\r\\n`` or ``\\r``),
-        decoded as UTF-8 (undecodable bytes replaced). Raises ``DecodingError`` for a line longer
-        than ``limit`` bytes (holding at most ``limit`` plus one read), and the errors ``post``
-        lists for reading. Cancellation: propagates; the caller closes."""
+    async def aiter_lines(self, line_limit: int, limit: int) -> AsyncGenerator[list[str], None]:
+        """The body's lines as they arrive, in lists of at most ``_BATCH`` (the lines one read
+        completed), without their ends (``\\n``, ``\\r\\n`` or ``\\r``), decoded as UTF-8
+        (undecodable bytes replaced).
+
+        Raises ``DecodingError`` for a line longer than ``line_limit`` bytes (holding at most
+        that plus one read), once more than ``limit`` bytes of the body were received (every
+        byte counts: comments, blank lines, chunk framing), and the errors ``post`` lists for
+        reading. Cancellation: propagates; the caller closes.
+        """
         buffer = bytearray()
         try:
-            while piece := await self._next_piece():
+            while piece := await self._next_piece(limit):
                 # What is left of the buffer holds no line end but perhaps a last \r: search only
                 # from there, so a long line arriving in tiny pieces costs linear time.
                 start = max(len(buffer) - 1, 0)
@@ -482,57 +469,80 @@ class Response:
                 # A \r at the very end may be the first half of a \r\n: keep it for later.
                 end = len(buffer) - 1
                 cut = max(buffer.rfind(b"\n", start), buffer.rfind(b"\r", start, end)) + 1
-                lines = buffer[:cut].splitlines()
-                del buffer[:cut]
-                if len(buffer) > limit or max(map(len, lines), default=0) > limit:
-                    raise DecodingError(f"a line of the response exceeds {limit} bytes")
-                for line in lines:
-                    yield line.decode("utf-8", "replace")
-        except (OSError, EOFError, asyncio.LimitOverrunError) as exc:
+                if cut:
+                    lines = _split(buffer, cut, line_limit)
+                    del buffer[:cut]
+                if len(buffer) > line_limit:
+                    raise DecodingError(f"a line of the response exceeds {line_limit} bytes")
+                if not cut:
+                    continue
+                for first in range(0, len(lines), _BATCH):
+                    batch = lines[first : first + _BATCH]
+                    yield batch
+                    self._work += _LINE_WORK * len(batch)
+                    if self._work >= _PACE:
+                        await self._yield()
+        except OSError as exc:
             raise _failure(exc, "read") from exc
-        for line in buffer.splitlines():
-            yield line.decode("utf-8", "replace")
+        if buffer:
+            yield _split(buffer, len(buffer), line_limit)
 
-    async def _next_piece(self) -> bytes:
-        """The next piece of the body as framed, ``b""`` at its end."""
-        if self._defect is not None:
-            raise DecodingError(self._defect)
-        framing = self._framing
-        if framing == _CHUNKED and not self._left:
-            if self._crlf_due and (await self._readline()).strip():
-                raise DecodingError("a chunk of the response is longer than its size says")
-            size = await self._readline()
-            digits = size.partition(b";")[0].strip()
-            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
-                raise DecodingError(f"a chunk size of the response is malformed: {size[:80]!r}")
-            self._left = int(digits, 16)
-            if not self._left:
-                trailers = 0
-                while (line := await self._readline()).strip():  # trailers: read, ignored
-                    trailers += len(line)
-                    if trailers > MAX_HEAD_BYTES:
-                        raise DecodingError(f"the trailers exceed {MAX_HEAD_BYTES} bytes")
-                self._framing = _DONE
-                return b""
-        elif framing == _DONE:
-            return b""
-        async with asyncio.timeout(self._timeout):
-            piece = await self._reader.read(_PIECE if framing == _EOF else min(self._left, _PIECE))
-        if framing == _EOF:
-            if not piece:
-                self._framing = _DONE
-            return piece
+    async def _next_piece(self, limit: int) -> bytes:
+        """What the body holds of the bytes received by one read (``b""`` at its end)."""
+        if self._received > limit:  # what came with the head may be more than the limit already
+            raise DecodingError(f"the response body exceeds {limit} bytes")
+        body = self._body
+        pieces: list[bytes] = []
+        while True:
+            data = body(self._buffer)
+            if data is None:
+                if pieces:
+                    break
+                await self._receive(limit)
+            elif data:
+                pieces.append(data)
+                if len(pieces) == _BATCH:  # tiny chunks: the rest waits for the next call
+                    break
+            else:
+                break
+        if len(pieces) == 1:
+            return pieces[0]
+        self._work += _PIECE_WORK * len(pieces)
+        if self._work >= _PACE:
+            await self._yield()
+        return b"".join(pieces)
+
+    async def _receive(self, limit: int) -> None:
+        """One read from the socket into the buffer; at the end of the connection, what the
+        framing makes of it (``read_eof``)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                piece = await self._reader.read(_PIECE)
+        except TimeoutError as exc:
+            if exc.errno is not None:
+                raise
+            raise ReadTimeout(
+                f"nothing of the response body arrived for {self._timeout:g} s"
+            ) from exc
         if not piece:
-            raise TransportError("the server closed the connection in the middle of the body")
-        self._left -= len(piece)
-        self._crlf_due = framing == _CHUNKED
-        if framing == _LENGTH and not self._left:
-            self._framing = _DONE
-        return piece
+            if self._eof:  # the framing took the end of the connection but wants more
+                raise TransportError("the server closed the connection in the middle of the body")
+            self._eof = True
+            self._body.read_eof()
+            return
+        self._buffer += piece
+        self._received += len(piece)
+        if self._received > limit:
+            raise DecodingError(f"the response body exceeds {limit} bytes")
+        self._work += len(piece)
+        if self._work >= _PACE:
+            await self._yield()
 
-    async def _readline(self) -> bytes:
-        async with asyncio.timeout(self._timeout):
-            return await self._reader.readuntil(b"\n")
+    async def _yield(self) -> None:
+        """Let the event loop run what is ready: a flood that arrived at once is read in
+        bounded slices."""
+        self._work = 0
+        await asyncio.sleep(0)
 
     async def aclose(self) -> None:
         """Close the connection at once (the server sees the client go away). Idempotent.

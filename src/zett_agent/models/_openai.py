@@ -18,6 +18,7 @@ import email.utils
 import json
 import math
 import os
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -38,7 +39,9 @@ from zett_agent.models._openai_wire import (
     SSEDecoder,
     build_body,
     decode_event,
+    encode_body,
     error_detail,
+    parse_json,
     shorten,
 )
 
@@ -47,18 +50,28 @@ __all__ = ["OpenAIChatModel"]  # re-exported by zett_agent.models.openai
 # Statuses worth another attempt, as the official OpenAI clients treat them.
 _TRANSIENT_STATUSES = frozenset({408, 429})
 
+#: Retry-After as delay-seconds (RFC 9110 10.2.3), fractions tolerated
+_SECONDS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
+
 _USER_AGENT = "zett-agent (OpenAI-compatible chat model)"
 
 #: The host of the OpenAI API itself, the one endpoint that always needs a key.
 _OPENAI_API_HOST = "api.openai.com"
 
-#: What a response may make the adapter hold: one SSE line (one streamed chunk), an error body
-#: (only its first few hundred characters are quoted), a complete JSON answer to a request the
-#: server did not stream (and as much data of one server-sent event, which is a whole answer
-#: from a server that puts no blank lines between its events).
-_MAX_LINE_BYTES = 8 * 2**20
+#: What a response may make the adapter hold. One budget for a whole answer, streamed or not:
+#: every byte of its body as received counts (comments and keep-alives, blank lines, chunk
+#: framing), so the text and the tool calls it makes the adapter hold are at most that too, and
+#: a stream that pings forever ends. One JSON document at most ``_MAX_JSON_BYTES``: one SSE
+#: line (one streamed chunk), the data of one server-sent event, or a whole answer the server did
+#: not stream (parsing one costs a few ms per MiB, in one go). An error body (only its first few
+#: hundred characters are quoted) at most ``_MAX_ERROR_BYTES``.
+_MAX_RESPONSE_BYTES = 64 * 2**20
+_MAX_JSON_BYTES = 8 * 2**20
+_MAX_LINE_BYTES = _MAX_JSON_BYTES
 _MAX_ERROR_BYTES = 2**20
-_MAX_JSON_BYTES = 64 * 2**20
+#: lines of one streamed response, at most: a million events, far more than the longest answer
+#: (with its reasoning) streams, and a bound on the CPU a flood of blank lines can cost
+_MAX_LINES = 2**21
 
 
 class OpenAIChatModel:
@@ -76,8 +89,10 @@ class OpenAIChatModel:
             neither is set: local servers need none, and a server that does answers 401.
         api_key_env: the environment variable holding the key.
         retry: how the runtime retries this model's transient errors (see the module docstring).
-        timeout: seconds allowed to connect, to send the request, and between two received pieces
-            of the response (not for the whole response: a long answer may stream for minutes).
+        timeout: seconds allowed to connect, to send the request, to receive the response's
+            status line and headers (all of them, interim responses included), and between two
+            received pieces of its body (not for the whole body: a long answer may stream for
+            minutes).
         temperature, max_tokens: sent when not ``None``.
         extra_body: extra JSON fields merged into every request body last (provider-specific
             options such as ``{"top_p": 0.9}`` or ``{"max_completion_tokens": 512}``).
@@ -97,10 +112,16 @@ class OpenAIChatModel:
     ``$SSL_CERT_DIR`` when set (read once per process, when its TLS context is built). Proxies
     come from the environment at each request: ``$HTTPS_PROXY``, ``$HTTP_PROXY``,
     ``$ALL_PROXY`` (``http://`` proxies only; https goes through a ``CONNECT`` tunnel) and
-    ``$NO_PROXY``, in upper or lower case. Redirects are not followed. A response may not make
-    the adapter hold more than 64 KiB of headers, 8 MiB in one SSE line, 1 MiB of an error body
-    (more is not read: the status still decides) or 64 MiB of a non-streamed JSON answer (or
-    of the data of one server-sent event).
+    ``$NO_PROXY``, in upper or lower case. Redirects are not followed.
+
+    Bounds, so a hostile or broken server can make the adapter neither hold much nor spin: a
+    response may send at most 64 KiB of headers (interim responses included, at most 16 of
+    them, all within ``timeout``), 1 MiB of an error body (more is not read: the status still
+    decides), and 64 MiB of body in all, streamed or not (every byte received counts, keep-alive
+    comments too, so a stream that never ends does end), in at most 2 Mi lines and 1 Mi chunks;
+    one JSON document (an SSE line, an event's data, a non-streamed answer) at most 8 MiB and,
+    if larger than 64 KiB, with at most 131072 commas and colons outside its strings;
+    one answer at most 1024 tool calls. Each is a ``ModelError`` that names it.
 
     Child processes: ``child_preload`` names the module that loads the CA bundle and builds the
     process's TLS context; a subagent extension's process pool imports it once in its launcher,
@@ -196,7 +217,13 @@ class OpenAIChatModel:
                 base URL), a response that could not be decoded (malformed HTTP framing, more
                 than the bounds above, a compressed body), a malformed stream, or a tool call
                 whose arguments are not a JSON object (the message names the tool and quotes the
-                text).
+                text); a request that cannot be encoded (a message kind Chat Completions has no
+                role for, tool parameters JSON cannot hold). Any other failure while talking to
+                the endpoint is a ``ModelError`` too (the message names the exception): nothing
+                but ``ModelError`` and ``CancelledError`` leaves this call.
+
+        Text: a lone surrogate anywhere in ``request`` is sent as U+FFFD, and so is a lone
+        surrogate escape the server sends (the text and tool calls yielded are valid Unicode).
 
         Cancellation: cancelling the consuming task, or closing the iterator early (``aclose()``,
         ``contextlib.aclosing``, ``break`` inside ``async with aclosing(...)``), closes the HTTP
@@ -204,13 +231,20 @@ class OpenAIChatModel:
         client go away. An iterator that is dropped without being closed is closed by the event
         loop's async-generator finaliser, later.
         """
-        body = build_body(
-            self.model,
-            request,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            extra_body=self.extra_body,
-        )
+        try:
+            content = encode_body(
+                build_body(
+                    self.model,
+                    request,
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
+                    extra_body=self.extra_body,
+                )
+            )
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ModelError(
+                f"cannot encode a request for {self.url}: {type(exc).__name__}: {exc}"
+            ) from exc
         headers = {
             "Accept": "text/event-stream",
             "Content-Type": "application/json",
@@ -221,7 +255,6 @@ class OpenAIChatModel:
             headers["Authorization"] = f"Bearer {key}"
         elif self._needs_key():
             raise ModelError(self._missing_key_message(), retryable=False)
-        content = json.dumps(body, ensure_ascii=False).encode()
         response: _http.Response | None = None
         try:
             response = await _http.post(
@@ -244,7 +277,7 @@ class OpenAIChatModel:
         except _http.HTTPTimeout as exc:
             raise TransientModelError(
                 f"the model endpoint {self.url} did not answer within {self.timeout:g} s "
-                f"({type(exc).__name__}); raise timeout= if the server is just slow"
+                f"({type(exc).__name__}: {exc}); raise timeout= if the server is just slow"
             ) from exc
         except _http.TransportError as exc:
             raise TransientModelError(
@@ -256,6 +289,15 @@ class OpenAIChatModel:
             ) from exc
         except _http.RequestError as exc:
             raise ModelError(f"cannot send a request to {self.url}: {exc}") from exc
+        except ModelError:
+            raise
+        except Exception as exc:
+            # A defect of this adapter that some response shape reached: still the model's
+            # error for the runtime, never a raise it does not expect.
+            raise ModelError(
+                f"talking to the model endpoint {self.url} failed unexpectedly "
+                f"({type(exc).__name__}: {shorten(str(exc))})"
+            ) from exc
         finally:
             if response is not None:
                 await response.aclose()
@@ -324,32 +366,34 @@ class OpenAIChatModel:
 async def _stream_text(
     response: _http.Response, accumulator: ResponseAccumulator
 ) -> AsyncIterator[str]:
-    """The text deltas of an SSE response, feeding every chunk to ``accumulator``."""
-    decoder = SSEDecoder()
-    lines = response.aiter_lines(_MAX_LINE_BYTES)
-    held = 0  # characters of data the decoder holds for the event still open
+    """The text deltas of an SSE response, feeding every chunk to ``accumulator``.
+
+    Raises ``ModelError`` past ``_MAX_LINES`` lines: each line costs a little, whatever its
+    length, so a flood of blank lines or keep-alive comments does not cost as much CPU as
+    ``_MAX_RESPONSE_BYTES`` of them would."""
+    decoder = SSEDecoder(max_chars=_MAX_JSON_BYTES)
+    batches = response.aiter_lines(_MAX_LINE_BYTES, _MAX_RESPONSE_BYTES)
+    seen = 0
     try:
-        async for line in lines:
-            data = decoder.feed(line)
-            if data is None:
-                if line.startswith("data"):
-                    held += len(line)
-                    if held > _MAX_JSON_BYTES:
-                        raise ModelError(
-                            "the model endpoint sent one server-sent event of more than "
-                            f"{_MAX_JSON_BYTES} characters of data (a stream without blank "
-                            "lines between its events?)"
-                        )
-                continue
-            held = 0
-            for chunk in decode_event(data) or [None]:
-                if chunk is None:
-                    return
-                text = accumulator.add_chunk(chunk)
-                if text:
-                    yield text
+        async for lines in batches:
+            seen += len(lines)
+            if seen > _MAX_LINES:
+                raise ModelError(
+                    f"the model endpoint sent more than {_MAX_LINES} lines in one response "
+                    "(a flood of blank lines or comments?)"
+                )
+            for line in lines:
+                data = decoder.feed(line)
+                if data is None:
+                    continue
+                for chunk in decode_event(data) or [None]:
+                    if chunk is None:
+                        return
+                    text = accumulator.add_chunk(chunk)
+                    if text:
+                        yield text
     finally:
-        await lines.aclose()  # now, not later through the loop's async-generator finaliser
+        await batches.aclose()  # now, not later through the loop's async-generator finaliser
     data = decoder.flush()
     if data is not None:
         for chunk in decode_event(data) or [None]:
@@ -384,12 +428,14 @@ def _is_json(response: _http.Response) -> bool:
 
 
 def _parse_json_body(content: bytes) -> Any:
+    # Decoded here, not by json.loads: it would let bytes that encode a surrogate through.
+    text = content.decode("utf-8", errors="replace")
     try:
-        return json.loads(content)
+        return parse_json(text)
     except ValueError as exc:
         raise ModelError(
-            "the model endpoint answered with a JSON content type but the body is not JSON: "
-            f"{shorten(content.decode('utf-8', errors='replace'))!r}"
+            f"the model endpoint answered with a JSON content type but the body is not JSON "
+            f"({exc}): {shorten(text)!r}"
         ) from exc
 
 
@@ -397,15 +443,14 @@ def _retry_after_hint(value: str | None) -> str:
     """`` (the server asks to retry after N s)`` from a Retry-After header, or ``""``."""
     if not value:
         return ""
-    seconds: float | None
-    try:
+    value = value.strip()
+    if _SECONDS.fullmatch(value):  # ASCII digits only: float() would take "١٢" or "1e9"
         seconds = float(value)
-    except ValueError:
+    else:
         try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
             return ""
-        seconds = when.timestamp() - time.time()
     if not math.isfinite(seconds):
         return ""
     return f" (the server asks to retry after {max(0.0, seconds):g} s)"
