@@ -45,6 +45,7 @@ from ._errors import (
 from ._job import JobStatus, JobUsage, ProcessJob
 from ._limits import ProcessLimits
 from ._pool import ProcessPool
+from ._sandbox import Sandbox, SandboxUnavailable, sandbox_support
 from ._worker import emit
 
 __all__ = [
@@ -60,6 +61,9 @@ __all__ = [
     "ProcessLimits",
     "ProcessPool",
     "ProtocolError",
+    "Sandbox",
+    "SandboxUnavailable",
     "WorkerCrashed",
     "emit",
+    "sandbox_support",
 ]

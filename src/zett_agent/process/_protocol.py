@@ -1,7 +1,9 @@
 """Framing between the parent and a worker, and the kinds of messages a worker sends.
 
 A frame is a 4-byte big-endian length followed by that many payload bytes. Parent to worker,
-the payload is one flag byte plus a cloudpickle'd job. Worker to parent, a frame is either a
+the payload is one flag byte plus a cloudpickle'd job; with ``FLAG_SANDBOX`` the pickle is
+preceded by the job's sandbox policy (a 4-byte length and that much UTF-8 JSON), which the worker
+enforces before it unpickles anything (see ``_confine``). Worker to parent, a frame is either a
 *JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text frame* (raw UTF-8, at most
 ``TEXT_SLICE`` bytes) that a JSON frame announced. The parent only ever ``json`` -decodes or
 UTF-8-decodes what a worker wrote; anything else is a protocol violation.
@@ -12,7 +14,9 @@ budget before it takes the next (see ``_decode``). A value too big for one frame
 as a sequence of small ones:
 
 Whole messages (one JSON frame each)
-    ``{"k": "event", "v": V}``, ``{"k": "result", "v": V, "u": USAGE}``,
+    ``{"k": "sandbox", "v": REPORT}`` (first, and only, from a sandboxed job's worker, before
+    the job runs: what was enforced), ``{"k": "event", "v": V}``,
+    ``{"k": "result", "v": V, "u": USAGE}``,
     ``{"k": "error", "type": .., "message": .., "traceback": .., "u": USAGE}``
 Streamed messages
     ``{"k": "begin", "m": "event" | "result"}``, then the operations that build one value,
@@ -38,6 +42,7 @@ from typing import Any
 __all__ = [
     "CHUNK",
     "FLAG_LAST",
+    "FLAG_SANDBOX",
     "HEADER",
     "MAX_DEPTH",
     "TEXT_SLICE",
@@ -57,6 +62,8 @@ MAX_DEPTH = 200
 
 #: flag bit in a job frame: the worker runs no job after this one
 FLAG_LAST = 1
+#: flag bit in a job frame: a sandbox policy comes before the pickled job
+FLAG_SANDBOX = 2
 
 
 class FrameError(Exception):

@@ -23,9 +23,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from . import _linux, _scan
-from ._encode import Encoder
-from ._protocol import CHUNK, FLAG_LAST, HEADER
+from . import _confine, _landlock, _linux, _scan
+from ._encode import Encoder, _dumps
+from ._protocol import CHUNK, FLAG_LAST, FLAG_SANDBOX, HEADER
 
 __all__ = ["emit", "serve"]
 
@@ -76,10 +76,13 @@ class _Channel:
             "traceback": trace,
             "u": usage,
         }
-        from ._encode import _dumps
-
         with self.lock:
             self._send_frame(_dumps(message).encode())
+
+    def sandbox_report(self, report: dict[str, Any]) -> None:
+        """What was enforced, sent before the job runs (so the job cannot forge it)."""
+        with self.lock:
+            self._send_frame(_dumps({"k": "sandbox", "v": report}).encode())
 
 
 _channel: _Channel | None = None
@@ -188,6 +191,22 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
+def _sandboxed(body: memoryview) -> int:
+    """Enforce the sandbox policy at the start of ``body`` and report it; return where the
+    pickled job starts. Exits the process when the job must not run (the report says why)."""
+    import json
+
+    assert _channel is not None
+    size: int = HEADER.unpack_from(body, 1)[0]
+    policy = json.loads(bytes(body[1 + HEADER.size : 1 + HEADER.size + size]))
+    report = _confine.confine(policy, _channel.sock.fileno())
+    _channel.sandbox_report(report)
+    if "refused" in report:
+        _flush_std_streams()
+        os._exit(0)
+    return 1 + HEADER.size + size
+
+
 def _run(payload: bytes | memoryview) -> Any:
     import cloudpickle
 
@@ -255,20 +274,37 @@ def _warm_up() -> None:
 
 
 def serve(
-    sock: socket.socket, launcher_pid: int, max_frame_bytes: int, pdeath: int = signal.SIGKILL
+    sock: socket.socket,
+    launcher_pid: int,
+    max_frame_bytes: int,
+    pdeath: int = signal.SIGKILL,
+    scope: int = 0,
 ) -> NoReturn:
     """Run jobs from ``sock`` until told the job is the last one or the socket closes; exit.
 
     Never returns: the process ends with ``os._exit`` so nothing of the launcher's state (atexit
     handlers, buffered files) runs twice. The parent kills the worker's tree once its last
     result arrived; exiting first is just faster. ``pdeath`` is the signal this process gets
-    when the launcher dies.
+    when the launcher dies. ``scope`` (a Landlock ABI, 0 for none) puts the worker in a Landlock
+    domain of its own before any job: nothing its jobs start can signal, ``ptrace`` or reach an
+    abstract UNIX socket of a process outside its tree (the launcher, the host, other pools).
+
+    A sandboxed job (``FLAG_SANDBOX``) is confined before it is unpickled, and its worker runs
+    no other job.
     """
     global _channel
     _linux.set_parent_death_signal(pdeath)
     if os.getppid() != launcher_pid:
         os._exit(1)
     os.setsid()
+    if scope:
+        try:
+            _landlock.scope_self(scope)
+        except OSError as exc:
+            # the launcher saw this work when it started: never run a job unscoped when the
+            # host was told its jobs are
+            print(f"zett-agent worker: cannot enter its Landlock domain: {exc}", file=sys.stderr)
+            os._exit(71)
     sock.setblocking(True)
     _channel = _Channel(sock, max_frame_bytes)
     # warm up only as a spare: when a job is already on its way (the pool is busy), the
@@ -281,12 +317,14 @@ def serve(
         body = _recv_frame(sock, received)
         if body is None:
             break
-        last = body[0] & FLAG_LAST
+        flags = body[0]
+        last = flags & FLAG_LAST or flags & FLAG_SANDBOX
         # a job may have switched it off; orphans of the next job must land here again
         _linux.set_child_subreaper()
         try:
             try:
-                result = _run(memoryview(body)[1:])  # no copy of large arguments
+                start = _sandboxed(memoryview(body)) if flags & FLAG_SANDBOX else 1
+                result = _run(memoryview(body)[start:])  # no copy of large arguments
             finally:
                 if os.getpid() != me:
                     # a process the job forked returned from the job: the answer is ours
