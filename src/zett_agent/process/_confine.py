@@ -68,16 +68,19 @@ def _wipe_environment(env: dict[str, str]) -> None:
     interpreter was started with (on the stack, where ``/proc/PID/environ`` reads it) and in
     Python's ``bytes`` copies of them. Values of one byte are shared objects and stay.
     """
-    values = list(os.environb.values())
-    os.environ.clear()
-    for value in values:
+    # os.environ.clear() would decode every value into a str first (a copy left in freed
+    # memory): unset each variable by its bytes name, wipe the bytes values, drop them
+    variables: dict[bytes, bytes] = getattr(os.environ, "_data", {})
+    for key in list(variables):
+        os.unsetenv(key)
+    for value in variables.values():
         if len(value) > 1:
             ctypes.memset(id(value) + _BYTES_DATA, 0, len(value))
-    del values
+    variables.clear()
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open(f"/proc/{os.getpid()}/stat", "rb") as handle:
-            data = handle.read()
-        fields = data[data.rfind(b")") + 2 :].split()
+            stat = handle.read()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         # fields 50 and 51 of /proc/PID/stat, counted from the state (field 3) here
         start, end = int(fields[47]), int(fields[48])
         if 0 < start < end and end - start < 1 << 24:
