@@ -16,6 +16,7 @@ from zett_agent.process import (
     ProcessJob,
     ProcessLimits,
     ProcessPool,
+    Sandbox,
 )
 from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
 from zett_agent.runners._preload import RUNTIME_MODULES, excluded
@@ -85,7 +86,25 @@ class ProcessChildJob:
             return {
                 "waiting": f"waiting for a process: {pool.running} of {pool.max_workers} in use"
             }
+        report = self.job.sandbox_report
+        if report is not None:
+            return {"sandbox": sandbox_entry(report)}
         return {}
+
+
+#: what of a worker's sandbox report the task info shows (the parent model reads it)
+_SHOWN = ("landlock_abi", "filesystem", "tcp", "scoped", "seccomp", "network", "user", "account")
+
+
+def sandbox_entry(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The task info's ``sandbox`` entry: what the child's worker enforced, what is missing
+    and, for a child that never ran, why."""
+    entry = {key: report[key] for key in _SHOWN if key in report}
+    if report.get("missing"):
+        entry["missing"] = report["missing"]
+    if "refused" in report:
+        entry["refused"] = report["refused"]
+    return entry
 
 
 class _ExtensionPool(ProcessPool):
@@ -255,24 +274,33 @@ class ProcessRunner:
             log.debug("warming up the process pool failed", exc_info=True)
 
     async def submit(
-        self, spec: ChildSpec, *, limits: ProcessLimits | None = None
+        self,
+        spec: ChildSpec,
+        *,
+        limits: ProcessLimits | None = None,
+        sandbox: Sandbox | None = None,
     ) -> ProcessChildJob:
         """Start ``run_child(spec)`` in a pool process; returns at once (after the pool's
         first start). The child waits for a process if ``max_children`` are busy.
 
-        Raises ``TypeError`` naming the part of the spec that cannot be pickled, and
-        ``RuntimeError`` once closed.
+        ``sandbox`` confines the child's whole process (its model loop included) as
+        ``ProcessPool.submit`` says; the job's ``info()`` then has a ``sandbox`` entry with what
+        its worker enforced.
+
+        Raises ``TypeError`` naming the part of the spec that cannot be pickled, ``ValueError``
+        for a sandbox this host cannot give (see ``ProcessPool.submit``), and ``RuntimeError``
+        once closed.
         """
         pool = await self._pool()
         try:
             try:
-                job = pool.submit(run_child, spec, limits=limits)
+                job = pool.submit(run_child, spec, limits=limits, sandbox=sandbox)
             except PoolClosed:
                 if self._shared is not None or self._closed:
                     raise
                 # our own pool lost its launcher (killed from outside): start a new one
                 pool = await self._replace(pool)
-                job = pool.submit(run_child, spec, limits=limits)
+                job = pool.submit(run_child, spec, limits=limits, sandbox=sandbox)
         except TypeError as exc:
             part = unpicklable_part(spec) or str(exc)
             raise TypeError(
