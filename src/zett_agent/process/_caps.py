@@ -41,8 +41,18 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 #: noroot, no-setuid-fixup, keep-caps off, no-ambient-raise: each one with its lock bit
 _SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
-#: capability numbers go up to 63 in the kernel's 64-bit sets
-_MAX_CAP = 63
+
+
+def _last_cap() -> int:
+    """The highest capability this kernel knows (read once: a forked worker inherits it)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 63  # the kernel's sets are 64 bits wide
+
+
+_MAX_CAP = _last_cap()
 
 
 class _Header(ctypes.Structure):
@@ -61,6 +71,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _prctl.restype = ctypes.c_int
+# bound here, in the launcher: a name looked up on a CDLL costs a dlsym in every worker
+_capget = _libc.capget
+_capset = _libc.capset
 
 
 def _error(what: str) -> OSError:
@@ -72,7 +85,7 @@ def held() -> tuple[int, int, int]:
     """``(effective, permitted, inheritable)`` of this thread, as 64-bit masks."""
     header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_Data * 2)()
-    if _libc.capget(ctypes.byref(header), data) != 0:
+    if _capget(ctypes.byref(header), data) != 0:
         raise _error("capget")
     return (
         data[0].effective | data[1].effective << 32,
@@ -99,12 +112,10 @@ def bounding() -> int:
 
 
 def drop_bounding() -> None:
-    """Empty the bounding set (needs ``CAP_SETPCAP``; raises ``OSError`` without it)."""
+    """Empty the bounding set (needs ``CAP_SETPCAP``; raises ``OSError`` without it). Each
+    drop that returns 0 took effect: nothing is left to check afterwards."""
     for cap in range(_MAX_CAP + 1):
-        if (
-            _prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 1
-            and _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
-        ):
+        if _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             raise _error(f"prctl(PR_CAPBSET_DROP, {cap})")
 
 
@@ -127,5 +138,5 @@ def drop_all() -> None:
     """Empty the effective, permitted and inheritable sets (always allowed)."""
     header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_Data * 2)()
-    if _libc.capset(ctypes.byref(header), data) != 0:
+    if _capset(ctypes.byref(header), data) != 0:
         raise _error("capset")

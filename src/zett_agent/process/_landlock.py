@@ -222,6 +222,9 @@ class Ruleset:
         if fd < 0:
             raise _error("landlock_create_ruleset")
         self.fd = int(fd)
+        #: one rule's attributes, filled in again for each rule
+        self._attr = _PathBeneathAttr(0, -1)
+        self._attr_ref = ctypes.byref(self._attr)
 
     def allow(self, path: str, rights: int) -> bool:
         """Grant ``rights`` (masked to what is handled) beneath ``path`` (a directory) or on it
@@ -237,8 +240,10 @@ class Ruleset:
                 allowed &= _FILE_RIGHTS
             if not allowed:
                 return True
-            attr = _PathBeneathAttr(allowed, fd)
-            if _syscall(_SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, ctypes.byref(attr), 0) != 0:
+            attr = self._attr
+            attr.allowed_access = allowed
+            attr.parent_fd = fd
+            if _syscall(_SYS_ADD_RULE, self.fd, _RULE_PATH_BENEATH, self._attr_ref, 0) != 0:
                 raise _error(f"landlock_add_rule({path})")
             return True
         finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import resource
 import signal
@@ -558,7 +557,7 @@ class ProcessPool:
             landlock_abi=_ANY_ABI if self.landlock_abi is None else self.landlock_abi,
             seccomp=self.seccomp,
         )
-        return scratch, json.dumps(policy, separators=(",", ":")).encode()
+        return scratch, policy
 
     def _drop_queued(self, job: ProcessJob) -> None:
         with contextlib.suppress(ValueError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import binascii
 import contextlib
 import functools
+import json
 import os
 import pwd
 import stat
@@ -279,9 +280,17 @@ def resolve_account(user: int | str | None) -> Account:
 
     Raises ``ValueError`` when ``user`` is given on a host that is not root, names no account,
     or names one that cannot read and run the interpreter (the message says which path stops
-    it).
+    it). The answer is kept per ``user``, privileges and ``sys.path`` (it looks at the account
+    database and the file system).
     """
-    if not _privileged():
+    return _resolve_account(user, _privileged(), os.geteuid(), tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=32)
+def _resolve_account(
+    user: int | str | None, privileged: bool, euid: int, path_key: tuple[str, ...]
+) -> Account:
+    if not privileged:
         if user is not None:
             raise ValueError(
                 f"Sandbox(user={user!r:.40}) needs a host running as root (with CAP_SETUID, "
@@ -435,7 +444,19 @@ def _default_read(path_key: tuple[str, ...]) -> tuple[str, ...]:
             paths[found] = None
     for path in (*_LIBRARIES, *_SHARED, *_ETC, *_READ_DEVICES):
         paths[path] = None
-    return tuple(paths)
+    return _covering(paths)
+
+
+def _covering(paths: dict[str, None]) -> tuple[str, ...]:
+    """The paths that exist, without those beneath another one of the list (a rule on a
+    directory covers everything below it): fewer rules for the worker to add per job."""
+    found = sorted({os.path.realpath(path) for path in paths if os.path.exists(path)})
+    kept: list[str] = []
+    for path in found:
+        if not any(path == top or path.startswith(top.rstrip("/") + "/") for top in kept):
+            kept.append(path)
+    # a symlink to a file elsewhere is opened through its target: the rule is on the target
+    return tuple(kept)
 
 
 def _bpf(network_none: bool) -> tuple[str | None, str | None]:
@@ -450,6 +471,30 @@ def _bpf(network_none: bool) -> tuple[str | None, str | None]:
     return binascii.b2a_base64(program, newline=False).decode("ascii"), None
 
 
+@functools.lru_cache(maxsize=16)
+def _shared_part(
+    account: Account, network: str, landlock_abi: int, seccomp: bool, path_key: tuple[str, ...]
+) -> str:
+    """The part of the policy every job of one kind shares, as JSON (made once: encoding it
+    per job would cost the host's event loop for nothing)."""
+    if seccomp:
+        program, seccomp_reason = _bpf(network == "none")
+    else:
+        program, seccomp_reason = None, "seccomp is switched off for this pool (seccomp=False)"
+    return json.dumps(
+        {
+            "defaults": list(_default_read(path_key)),
+            "devices": list(_RW_DEVICES),
+            "account": {"mode": account.mode, "uid": account.uid, "gid": account.gid},
+            "account_why": account.why,
+            "landlock_abi": landlock_abi,
+            "seccomp": program,
+            "seccomp_reason": seccomp_reason,
+        },
+        separators=(",", ":"),
+    )
+
+
 def policy(
     sandbox: Sandbox,
     account: Account,
@@ -457,8 +502,9 @@ def policy(
     *,
     landlock_abi: int,
     seccomp: bool,
-) -> dict[str, Any]:
-    """The plain-data policy the worker enforces for one job (see ``_confine.confine``).
+) -> bytes:
+    """The policy the worker enforces for one job, as JSON (see ``_confine.confine``): what
+    jobs of its kind share, and the job's own part: ``{"shared": ..., "job": ...}``.
 
     ``landlock_abi`` is the highest ABI the pool may use (lower than the kernel's to pretend an
     older one); ``seccomp=False`` pretends there is no seccomp.
@@ -470,21 +516,13 @@ def policy(
         "TMPDIR": scratch,
     }
     env.update(sandbox.env or {})
-    if seccomp:
-        program, seccomp_reason = _bpf(sandbox.network == "none")
-    else:
-        program, seccomp_reason = None, "seccomp is switched off for this pool (seccomp=False)"
-    return {
-        "read": [*_default_read(tuple(sys.path)), *sandbox.read],
-        "write": list(sandbox.write),
-        "devices": list(_RW_DEVICES),
+    shared = _shared_part(account, sandbox.network, landlock_abi, seccomp, tuple(sys.path))
+    job = {
+        "read": sandbox.read,
+        "write": sandbox.write,
         "scratch": scratch,
         "network": sandbox.network,
         "env": env,
-        "account": {"mode": account.mode, "uid": account.uid, "gid": account.gid},
-        "account_why": account.why,
         "required": sandbox.required,
-        "landlock_abi": landlock_abi,
-        "seccomp": program,
-        "seccomp_reason": seccomp_reason,
     }
+    return f'{{"shared":{shared},"job":{json.dumps(job, separators=(",", ":"))}}}'.encode()

@@ -37,7 +37,7 @@ import errno as _errno
 import os
 import platform
 
-__all__ = ["available", "load", "program"]
+__all__ = ["available", "load", "prepare", "program"]
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_CMP_NE = 1
@@ -242,11 +242,16 @@ def program(network_none: bool) -> bytes:
     return data
 
 
+def prepare(data: bytes) -> tuple[ctypes.Array[ctypes.c_char], _SockFprog]:
+    """The buffer and the ``sock_fprog`` that ``load`` hands to the kernel."""
+    buffer = ctypes.create_string_buffer(data, len(data))
+    return buffer, _SockFprog(len(data) // 8, ctypes.addressof(buffer))
+
+
 def load(data: bytes) -> None:
     """Install the filter ``data`` (from ``program``) on this thread and what it starts.
     Needs ``no_new_privs`` (or ``CAP_SYS_ADMIN``); raises ``OSError`` when refused."""
-    buffer = ctypes.create_string_buffer(data, len(data))
-    fprog = _SockFprog(len(data) // 8, ctypes.addressof(buffer))
+    _buffer, fprog = prepare(data)
     if _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"prctl(PR_SET_SECCOMP): {os.strerror(code)}")

@@ -198,8 +198,8 @@ def _sandboxed(body: memoryview) -> int:
 
     assert _channel is not None
     size: int = HEADER.unpack_from(body, 1)[0]
-    policy = json.loads(bytes(body[1 + HEADER.size : 1 + HEADER.size + size]))
-    report = _confine.confine(policy, _channel.sock.fileno())
+    parts = json.loads(bytes(body[1 + HEADER.size : 1 + HEADER.size + size]))
+    report = _confine.confine({**parts["shared"], **parts["job"]}, _channel.sock.fileno())
     _channel.sandbox_report(report)
     if "refused" in report:
         _flush_std_streams()
@@ -271,6 +271,7 @@ def _warm_up() -> None:
     fn, args, kwargs, _spec = cloudpickle.loads(cloudpickle.dumps((nothing, (1,), {"k": 2}, None)))
     sink: list[bytes] = []
     Encoder(sink.append, 1 << 20).message("result", fn(*args, **kwargs), _usage())
+    _confine.warm_up()  # the sandbox's path too: a spare may get a sandboxed job
 
 
 def serve(
