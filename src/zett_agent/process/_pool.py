@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _containment, _sandbox, _scratch
+from . import _containment, _landlock, _sandbox, _scratch
 from ._channel import Channel
 from ._containment import Containment
 from ._control import LauncherHandle
@@ -284,8 +284,8 @@ class ProcessPool:
           scopes signals and abstract UNIX sockets (see ``scope_workers``);
         - ``supervisors``: what a job can do to its launcher and this host, in a sentence;
         - ``reason``: why the workers are not scoped, when they are not;
-        - ``no_new_privs``: whether workers set ``no_new_privs`` for their domain (a host that
-          is not root).
+        - ``no_new_privs``: whether workers run with ``no_new_privs`` (set for their domain on a
+          host that is not root, inherited inside a sandbox).
         """
         info: dict[str, Any] = {"mode": self.containment}
         launcher = self._launcher
@@ -310,7 +310,7 @@ class ProcessPool:
                 "stopped or gone"
             )
             info["reason"] = landlock.get("reason")
-        info["no_new_privs"] = scoped and os.geteuid() != 0
+        info["no_new_privs"] = scoped and (os.geteuid() != 0 or _landlock.no_new_privs())
         return info
 
     @property
