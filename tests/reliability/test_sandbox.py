@@ -149,6 +149,19 @@ async def test_each_way_out_is_denied_and_the_sandbox_works_inside(
     assert seen["own child"] == "ok"
 
 
+async def test_paths_that_do_not_exist_are_reported_and_the_job_runs(
+    containment: str, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "not-there")
+    async with ProcessPool(1, containment=containment) as pool:
+        job = pool.submit(os.getcwd, sandbox=Sandbox(read=[missing], write=[missing + "-too"]))
+        async with asyncio.timeout(GUARD):
+            cwd = await job
+    assert job.sandbox_report is not None and cwd == job.sandbox_report["scratch"]
+    assert job.sandbox_report["absent"] == [missing, missing + "-too"]
+    assert 0 < job.sandbox_report["seconds"] < GUARD
+
+
 async def test_abstract_sockets_are_scoped_with_the_network_open(
     containment: str, abstract_server: bytes
 ) -> None:

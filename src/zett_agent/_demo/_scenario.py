@@ -140,8 +140,9 @@ def definitions(model: Model | None) -> list[SubAgentDefinition]:
             common + "and report what happened.",
             model=child,
             tools=(READ_TOOL,),
-            # not required: where the kernel cannot confine it, the demo still runs and says so
-            sandbox=Sandbox(required=False),
+            # not required: where the kernel cannot confine it, the demo still runs and says so;
+            # on a remote model (--model) the child needs the network to reach it
+            sandbox=Sandbox(network="none" if model is None else "all", required=False),
         ),
     ]
 

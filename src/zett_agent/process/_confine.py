@@ -161,12 +161,17 @@ def _scratch(path: str, account: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def _landlock_rules(policy: dict[str, Any], version: int) -> _landlock.Ruleset:
+def _landlock_rules(policy: dict[str, Any], version: int, absent: list[str]) -> _landlock.Ruleset:
+    """The job's ruleset; the paths of ``read=`` and ``write=`` that do not exist go to
+    ``absent`` (the defaults are the host's, which exist)."""
     ruleset = _landlock.Ruleset(version, fs=True, tcp=policy["network"] == "none", scoped=True)
     try:
         read = _landlock.read_rights(version)
-        for path in [*policy["defaults"], *policy["read"]]:
+        for path in policy["defaults"]:
             ruleset.allow(path, read)
+        for path in policy["read"]:
+            if not ruleset.allow(path, read):
+                absent.append(path)
         device = (
             _landlock.ACCESS_FS_READ_FILE
             | _landlock.ACCESS_FS_WRITE_FILE
@@ -175,8 +180,10 @@ def _landlock_rules(policy: dict[str, Any], version: int) -> _landlock.Ruleset:
         for path in policy["devices"]:
             ruleset.allow(path, device)
         write = _landlock.write_rights(version)
-        for path in [policy["scratch"], *policy["write"]]:
-            ruleset.allow(path, write)
+        ruleset.allow(policy["scratch"], write)
+        for path in policy["write"]:
+            if not ruleset.allow(path, write):
+                absent.append(path)
     except BaseException:
         ruleset.close()
         raise
@@ -278,8 +285,9 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
                 else f"{kernel_reason}: files outside the sandbox stay readable and writable"
             )
         else:
+            absent: list[str] = []
             try:
-                ruleset = _landlock_rules(policy, version)
+                ruleset = _landlock_rules(policy, version, absent)
                 try:
                     ruleset.restrict_self()
                 finally:
@@ -289,6 +297,8 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
             else:
                 report["landlock_abi"] = version
                 report["filesystem"] = True
+                if absent:
+                    report["absent"] = absent  # nothing to allow: they stay absent to the job
                 report["tcp"] = ruleset.tcp
                 report["scoped"] = ruleset.scoped
         if 0 < version < 3 and "landlock" not in missing:

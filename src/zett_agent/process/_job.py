@@ -89,8 +89,9 @@ class ProcessJob:
         #: what the worker enforced, as it reported before the job's code ran (None until
         #: then, and for a job without a sandbox): ``landlock_abi``, ``filesystem``, ``tcp``,
         #: ``scoped``, ``seccomp``, ``network``, ``user``, ``gid``, ``account``, ``scratch``,
-        #: ``missing`` (what could not be enforced, and why) and, when the job did not run,
-        #: ``refused``
+        #: ``missing`` (what could not be enforced, and why), ``seconds`` (what confining took),
+        #: ``absent`` (``read``/``write`` paths that did not exist) and, when the job did not
+        #: run, ``refused``
         self.sandbox_report: dict[str, Any] | None = None
         self._scratch: str | None = None
         self.name = name

@@ -198,8 +198,11 @@ def _sandboxed(body: memoryview) -> int:
 
     assert _channel is not None
     size: int = HEADER.unpack_from(body, 1)[0]
-    parts = json.loads(bytes(body[1 + HEADER.size : 1 + HEADER.size + size]))
-    report = _confine.confine({**parts["shared"], **parts["job"]}, _channel.sock.fileno())
+    try:
+        parts = json.loads(bytes(body[1 + HEADER.size : 1 + HEADER.size + size]))
+        report = _confine.confine({**parts["shared"], **parts["job"]}, _channel.sock.fileno())
+    except Exception as exc:  # a bug here must not let the job run unconfined
+        report = {"refused": f"confining the worker failed: {type(exc).__name__}: {exc}"}
     _channel.sandbox_report(report)
     if "refused" in report:
         _flush_std_streams()
