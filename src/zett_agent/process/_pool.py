@@ -136,9 +136,9 @@ class ProcessPool:
       more, the Landlock scoping of the workers included.
     - ``scope_workers``: put every worker in a Landlock domain of its own before any job runs
       (default True; needs Landlock ABI 6, Linux 6.12): nothing a job starts can then signal,
-      ``pidfd_send_signal``, ``ptrace``, read the memory or environment of, or connect to an
-      abstract UNIX socket of, a process outside its worker's tree (the launcher, this host,
-      other pools). As root this costs nothing else. On a host that is not root, Landlock needs
+      ``pidfd_send_signal``, ``ptrace``, read the memory of, or connect to an abstract UNIX
+      socket of, a process outside its worker's tree (the launcher, this host, other pools).
+      As root this costs nothing else. On a host that is not root, Landlock needs
       ``no_new_privs``, which each worker then sets: setuid programs (``sudo``) no longer gain
       privileges in jobs; pass ``scope_workers=False`` where unsandboxed jobs need them (the
       jobs can then stop or kill the launcher, and signal the host).
@@ -299,9 +299,9 @@ class ProcessPool:
         if scoped:
             info["supervisors"] = (
                 "protected: no process a job starts can signal (kill, pidfd_send_signal), "
-                "ptrace, read the memory or environment of, or connect to an abstract UNIX "
-                "socket of the launcher, this host or any process outside its worker's tree "
-                "(Landlock scoping)"
+                "ptrace, read the memory of, or connect to an abstract UNIX socket of the "
+                "launcher, this host or any process outside its worker's tree (Landlock "
+                "scoping)"
             )
         else:
             info["supervisors"] = (
