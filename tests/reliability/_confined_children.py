@@ -64,6 +64,12 @@ def process_vm_readv(pid: int) -> None:
         _libc_call(result)
 
 
+def tiocsti(request: int) -> None:
+    """``ioctl(stdout, TIOCSTI, "x")``: push a character into the terminal's input queue."""
+    char = ctypes.c_char(b"x")
+    _libc_call(_libc.ioctl(1, ctypes.c_ulong(request), ctypes.byref(char)))
+
+
 def read_file(path: str) -> str:
     with open(path) as handle:
         return handle.read()
@@ -210,6 +216,9 @@ def sandbox_probe(
         "own child": attempt(signal_own_child),
         "own abstract socket": attempt(own_abstract_socket),
         "socketpair": attempt(socket.socketpair),
+        "push terminal input": [
+            attempt(lambda r=r: tiocsti(r)) for r in (0x5412, 1 << 32 | 0x5412)
+        ],
         "new unix socket": attempt(lambda: socket.socket(socket.AF_UNIX).close()),
     }
 

@@ -146,6 +146,8 @@ async def test_each_way_out_is_denied_and_the_sandbox_works_inside(
     # while the connected pairs asyncio needs still work
     assert seen["abstract socket"] == seen["new unix socket"] == "EPERM"
     assert seen["socketpair"] == "ok"
+    # the terminal it inherited: no input pushed into it, not with high bits set either
+    assert seen["push terminal input"] == ["EPERM", "EPERM"], seen
     assert seen["own child"] == "ok"
 
 

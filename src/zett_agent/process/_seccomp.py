@@ -16,6 +16,9 @@ Everything is allowed except what lets a process reach past its sandbox, which f
   falls back to ``clone``, whose flags are an argument;
 - the machine: module loading, ``kexec_load``/``kexec_file_load``, ``reboot``, ``swapon``/
   ``swapoff``, ``acct``;
+- the terminal it inherited: ``ioctl`` ``TIOCSTI`` (pushing input into the host's terminal, run
+  by its shell later) and ``TIOCLINUX`` (the same on a virtual console). Landlock's ioctl rights
+  cover only files opened inside the sandbox, not the stdout and stderr a job inherits;
 - with ``network="none"``: creating any socket (``socket``, every family: a pathname UNIX socket
   such as a container daemon's is a way out of the sandbox, and Landlock controls connecting to
   one only from ABI 9 on), and ``socketpair`` except for connected ``AF_UNIX`` stream and
@@ -46,6 +49,10 @@ _PR_GET_SECCOMP = 21
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
+#: the kernel reads an ioctl's request as 32 bits: compare those only, or high bits get past
+_IOCTL_MASK = 0xFFFFFFFF
 _AF_UNIX = 1
 _SOCK_DGRAM = 2
 _SOCK_TYPE_MASK = 0xF
@@ -217,6 +224,8 @@ def program(network_none: bool) -> bytes:
         for name in DENIED:
             rule(name, eperm)
         rule("clone3", _action_errno(_errno.ENOSYS))
+        for request in (_TIOCSTI, _TIOCLINUX):
+            rule("ioctl", eperm, (1, _SCMP_CMP_MASKED_EQ, _IOCTL_MASK, request))
         flags_arg = _clone_flags_arg()
         for flag in _NAMESPACE_FLAGS:
             rule("clone", eperm, (flags_arg, _SCMP_CMP_MASKED_EQ, flag, flag))
