@@ -3,6 +3,7 @@
     uv run --group bench python benchmarks/bench_process.py [--quick]
     uv run --group bench python benchmarks/bench_process.py --scale [--sizes 100,300,1000]
     uv run --group bench python benchmarks/bench_process.py --amplify
+    uv run --group bench python benchmarks/bench_process.py --sandbox [--quick]
 
 Prints one table per measurement with the ratio of every engine to ours (for times: peer / ours,
 so > 1 means we are faster; for rates: ours / peer). Peers: stdlib ``ProcessPoolExecutor``,
@@ -28,6 +29,10 @@ the default, cgroup here; "zett fresh/scan" the /proc fallback).
 waiting on a model do): time until all N run, a cancel of all N at once, ``close()`` with N
 running, and unique memory per running child, for each containment strategy.
 
+``--sandbox`` measures what a ``Sandbox`` adds to one job: the round trip of a no-op job on a
+fresh worker (a spare waiting for it), sandboxed and not, alternating, under each containment
+strategy, and how long confining itself took in the worker (the report's ``seconds``).
+
 ``--amplify`` replays the red team's amplification: a 60 MB JSON result that decodes into
 ~1.5 GiB, and four unread events of 20 MiB of such JSON; it prints the parent's RSS growth and
 the longest event-loop stall meanwhile (the default ``max_buffered_bytes`` of 256 MiB bounds
@@ -52,7 +57,7 @@ from typing import Any
 
 import psutil
 
-from zett_agent.process import ProcessPool
+from zett_agent.process import ProcessPool, Sandbox
 
 WORKERS = 2
 BIG = 32 * 1024 * 1024
@@ -537,13 +542,57 @@ async def _amplify() -> None:
         )
 
 
+async def _sandboxed(n: int, containment: str) -> dict[str, list[float]]:
+    """Round trips of no-op jobs, sandboxed or not, alternating, each to a ready spare."""
+    out: dict[str, list[float]] = {"plain": [], "sandboxed": [], "confine": []}
+    async with ProcessPool(WORKERS, preload=JOBS, containment=containment) as pool:
+        for _ in range(5):
+            await pool.submit(noop)
+            await pool.submit(noop, sandbox=Sandbox())
+        for _ in range(n):
+            for kind in ("plain", "sandboxed"):
+                await asyncio.sleep(0.01)  # the spare that replaces the last one is ready
+                t = time.perf_counter()
+                job = pool.submit(noop, sandbox=Sandbox() if kind == "sandboxed" else None)
+                await job
+                out[kind].append(time.perf_counter() - t)
+                if job.sandbox_report is not None:
+                    out["confine"].append(float(job.sandbox_report["seconds"]))
+    return out
+
+
+def sandbox_table(quick: bool) -> None:
+    n = 50 if quick else 300
+    print(f"\nwhat a Sandbox adds to one no-op job (ms), {n} of each, {os.cpu_count()} CPUs")
+    print(
+        f"  {'':<18}{'plain p50':>12}{'sandboxed':>12}{'added':>10}{'p99 added':>11}{'confine':>10}"
+    )
+    for containment in ("cgroup", "scan"):
+        try:
+            res = asyncio.run(_sandboxed(n, containment))
+        except Exception as exc:
+            print(f"  {containment:<18}failed: {type(exc).__name__}: {exc}")
+            continue
+        plain, sandboxed = pct(res["plain"], 0.5), pct(res["sandboxed"], 0.5)
+        tail = pct(res["sandboxed"], 0.99) - pct(res["plain"], 0.99)
+        print(
+            f"  {containment:<18}{ms(plain):>12}{ms(sandboxed):>12}{ms(sandboxed - plain):>10}"
+            f"{ms(tail):>11}{ms(pct(res['confine'], 0.5)):>10}"
+        )
+    print("  target (issue 16): at most 2 ms added at p50")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (~30 s)")
     parser.add_argument("--scale", action="store_true", help="only the scale table")
     parser.add_argument("--sizes", default="100,300,1000", help="children for --scale")
     parser.add_argument("--amplify", action="store_true", help="only the amplification case")
+    parser.add_argument("--sandbox", action="store_true", help="only what a Sandbox adds")
     args = parser.parse_args()
+    if args.sandbox:
+        sandbox_table(args.quick)
+        return
     if args.scale:
         scale([int(size) for size in args.sizes.split(",")])
         return

@@ -2,6 +2,7 @@
 
     uv run python benchmarks/bench_subagents.py [--quick]
     uv run --extra ray python benchmarks/bench_subagents.py --ray [ADDRESS] [--quick]
+    uv run python benchmarks/bench_subagents.py --sandbox [--quick]
 
 The baseline (``_subagent_baseline.InProcessSubAgentExtension``) is the same extension with its
 child runner swapped: each child agent runs as ``asyncio.create_task(agent.run(prompt))`` in the
@@ -34,6 +35,9 @@ this machine's CPUs when no address is given, started once before the clock), to
 prints one table with the three columns (no ratios); (5) is left out (a Ray worker per child is
 not what one runs a hundred of on one machine).
 
+``--sandbox`` runs (1) only, for processes with and without a ``Sandbox`` around each child,
+and prints what the sandbox adds.
+
 The child agents are defined in this script's ``__main__``, as in the guide's program, so
 cloudpickle ships them by value and a fresh child process imports nothing for them. The
 in-process baseline lives in ``_subagent_baseline.py``; it is never shipped to a child.
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -67,6 +72,7 @@ from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
+from zett_agent.process import Sandbox
 from zett_agent.tools import AgentTool, ToolResult
 
 HANG_GUARD = 120.0  # seconds; a request of this benchmark that takes longer is a bug
@@ -308,10 +314,21 @@ def start_and_read(subagent_type: str) -> list[Step]:
 # -- (1) task_start -> child running ------------------------------------------------------------
 
 
-async def measure_start(rounds: int, chunks: int) -> dict[str, dict[str, Any]]:
-    """Both variants side by side: ``chunks`` alternating parent requests of ``rounds`` starts."""
+#: makes one variant's extension for a profile, given the benchmark's temporary directory
+Factory = Callable[[SubAgentDefinition, str], AsyncSubAgentExtension]
+
+
+async def measure_start(
+    rounds: int, chunks: int, variants: dict[str, Factory] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The variants side by side: ``chunks`` alternating parent requests of ``rounds`` starts
+    (default: ``VARIANTS``, made by ``make_extension``)."""
     loop = asyncio.get_running_loop()
-    results: dict[str, dict[str, Any]] = {v: {"start": [], "round": []} for v in VARIANTS}
+    if variants is None:
+        variants = {
+            v: functools.partial(lambda v, d, tmp: make_extension(v, [d]), v) for v in VARIANTS
+        }
+    results: dict[str, dict[str, Any]] = {v: {"start": [], "round": []} for v in variants}
     with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
         ann = Announcements(tmp, loop)
         queue = ann.queue("start")
@@ -335,8 +352,8 @@ async def measure_start(rounds: int, chunks: int) -> dict[str, dict[str, Any]]:
             starter = profile("starter", AnnouncingChild(ann.path))
             async with contextlib.AsyncExitStack() as stack:
                 extensions = {
-                    v: await stack.enter_async_context(make_extension(v, [starter]))
-                    for v in VARIANTS
+                    v: await stack.enter_async_context(make(starter, tmp))
+                    for v, make in variants.items()
                 }
                 for variant, extension in extensions.items():
                     # the first start of the process variant also boots its pool
@@ -1049,6 +1066,32 @@ async def bench(quick: bool, n_running: int) -> None:
     check_leftovers()
 
 
+async def bench_sandbox(quick: bool) -> None:
+    """(1) with and without a ``Sandbox`` around each child, side by side: what the sandbox
+    adds to ``task_start -> child running`` (its policy is built in the parent, enforced in the
+    child's fresh worker before the child's code is unpickled)."""
+    n = 50 if quick else 300
+    environment(quick, " --sandbox")
+    variants: dict[str, Factory] = {
+        "process": lambda d, tmp: AsyncSubAgentExtension([d]),
+        # the child announces itself through a FIFO in the benchmark's directory
+        "sandboxed": lambda d, tmp: AsyncSubAgentExtension([d], sandbox=Sandbox(write=[tmp])),
+    }
+    start = await measure_start(n, chunks=5, variants=variants)
+    print("\n(1) task_start -> child running, with and without a sandbox\n")
+    row("measurement", "sandboxed", "process", "added")
+    rule()
+    s, p = start["sandboxed"], start["process"]
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        ours, base = pct(s["start"], q), pct(p["start"], q)
+        row(f"task_start -> child running, {label} (n={n})", ms(ours), ms(base), ms(ours - base))
+    ours, base = pct(s["round"], 0.5), pct(p["round"], 0.5)
+    row("task_start -> report read (task_output), p50", ms(ours), ms(base), ms(ours - base))
+    row("first start (cold; the pool boots)", ms(s["cold"]), ms(p["cold"]), "")
+    print("\ntarget (issue 16): the sandbox adds at most 2 ms at p50")
+    check_leftovers()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (< 40 s)")
@@ -1063,9 +1106,14 @@ def main() -> None:
         metavar="ADDRESS",
         help="add RayRunner to (1)-(4) (needs the ray extra; default: a local Ray)",
     )
+    parser.add_argument(
+        "--sandbox", action="store_true", help="only (1), with and without a Sandbox"
+    )
     parser.add_argument("--probe-inprocess-cancel", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.probe_inprocess_cancel:
+    if args.sandbox:
+        asyncio.run(bench_sandbox(args.quick))
+    elif args.probe_inprocess_cancel:
         asyncio.run(probe_inprocess_cancel(args.probe_inprocess_cancel))
     elif args.ray is not None:
         global RAY_ADDRESS

@@ -54,6 +54,14 @@ def test_demo_json_shows_parallel_work_a_hard_cancel_and_a_clean_crash(tmp_path:
     assert spinner["status"] == "cancelled" and spinner["last_tool"] == "spin_forever"
     [crasher] = by_type["crasher"]
     assert crasher["status"] == "failed" and "SIGSEGV" in str(crasher["error"])
+    # the sandboxed child tried to read a file of the parent's, outside its sandbox
+    [snooper] = by_type["snooper"]
+    sandbox = snooper["sandbox"]
+    assert isinstance(sandbox, dict) and snooper["status"] == "completed"
+    if sandbox.get("filesystem"):
+        assert "was denied: Permission denied" in str(snooper["content"]), snooper
+    else:  # a kernel without Landlock: the demo runs all the same, and says so
+        assert "not confined here" in str(snooper["content"]), snooper
     assert result["files"] == 8 and result["files_hashed"] == 8
     assert sorted(t["progress"]["total"] for t in hashers) == [2, 3, 3]  # 8 files in 3 shards
     assert all(t["progress"]["done"] == t["progress"]["total"] for t in hashers)
@@ -72,6 +80,7 @@ def test_demo_plain_view_prints_progress_and_the_summary(tmp_path: Path) -> None
     assert progress and progress[-1].split("files hashed:")[1].split()[:3] == ["1", "of", "1"]
     assert "parallel speedup" in done.stdout
     assert "hard cancel" in done.stdout and "SIGSEGV" in done.stdout
+    assert "sandbox: task-" in done.stdout
 
 
 def test_help_explains_the_commands_and_options() -> None:
@@ -133,7 +142,8 @@ def test_a_file_or_an_empty_folder_is_refused_with_a_reason(tmp_path: Path) -> N
 
 
 def test_more_hashers_than_max_retained_read_every_report(tmp_path: Path) -> None:
-    """99 hashers, a spinner and a crasher: 101 tasks, more than the default max_retained."""
+    """99 hashers, a spinner, a crasher and a snooper: 102 tasks, more than the default
+    max_retained."""
     done = zett_agent("demo", str(folder(tmp_path)), "--json", "--hashers", "99", "--rounds", "10")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -155,7 +165,12 @@ def test_a_large_run_is_warned_about_and_timeout_stops_it_cleanly(tmp_path: Path
     result = json.loads(done.stdout)
     assert result["timed_out"] is True
     by_type = {t["subagent_type"]: t["status"] for t in result["tasks"]}
-    assert by_type == {"hasher": "cancelled", "spinner": "cancelled", "crasher": "failed"}
+    assert by_type == {
+        "hasher": "cancelled",
+        "spinner": "cancelled",
+        "crasher": "failed",
+        "snooper": "completed",
+    }
 
 
 def test_ctrl_c_stops_the_demo_without_a_traceback(tmp_path: Path) -> None:

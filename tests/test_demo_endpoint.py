@@ -70,8 +70,12 @@ async def test_demo_runs_parent_and_children_on_an_openai_compatible_endpoint(
         ("crasher", "failed"),
         ("hasher", "completed"),
         ("hasher", "completed"),
+        ("snooper", "completed"),  # sandboxed, with the network open to reach its model
         ("spinner", "cancelled"),
     ]
+    [snooper] = [t for t in result["tasks"] if t["subagent_type"] == "snooper"]
+    if snooper["sandbox"].get("filesystem"):
+        assert "was denied" in snooper["content"], snooper
     assert all(t["input_tokens"] > 0 for t in result["tasks"])  # usage came through the children
     models = {r["model"] for r in endpoint.requests}
     assert models == {"scripted"}

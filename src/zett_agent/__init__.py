@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         UserMessage,
     )
     from zett_agent.models.openai import OpenAIChatModel
-    from zett_agent.process import ProcessLimits, ProcessPool
+    from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
     from zett_agent.runners import InProcessRunner, ProcessRunner
     from zett_agent.testing import FunctionModel, ScriptedModel
     from zett_agent.tools import AgentTool, ToolResult, tool
@@ -61,6 +61,7 @@ _HOMES: dict[str, str] = {
     "OpenAIChatModel": "zett_agent.models.openai",
     "ProcessLimits": "zett_agent.process",
     "ProcessPool": "zett_agent.process",
+    "Sandbox": "zett_agent.process",
     "InProcessRunner": "zett_agent.runners",
     "ProcessRunner": "zett_agent.runners",
     "FunctionModel": "zett_agent.testing",
@@ -85,6 +86,7 @@ __all__ = [
     "ProcessLimits",
     "ProcessPool",
     "ProcessRunner",
+    "Sandbox",
     "ScriptedModel",
     "SubAgentDefinition",
     "SubAgentExtension",

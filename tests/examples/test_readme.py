@@ -31,6 +31,7 @@ EXAMPLE_OUTPUT: dict[str, str | None] = {
     "async_subagent.py": "Background task finished; child session is separate",
     "tour.py": "The auditor says: ",
     "confined.py": "The child runs with umask 0077, RLIMIT_NPROC 64",
+    "sandboxed.py": "private file: Permission denied; note in its scratch directory: ok",
     "fastapi_app.py": None,  # an ASGI app: served by uvicorn in test_fastapi_example.py
     "ray_children.py": None,  # needs a Ray cluster: run on the test cluster in tests/ray_runner
 }

@@ -54,7 +54,7 @@ import sys
 import zett_agent
 light = not {"httpx", "zett_agent.agent", "zett_agent.process"} & set(sys.modules)
 from zett_agent import AsyncSubAgentExtension, SubAgentDefinition, create_agent, tool
-from zett_agent import AgentRunConfig, OpenAIChatModel, ProcessLimits, ScriptedModel
+from zett_agent import AgentRunConfig, OpenAIChatModel, ProcessLimits, Sandbox, ScriptedModel
 model = OpenAIChatModel("m", base_url="http://127.0.0.1:9/v1")
 no_httpx = not {"httpx", "httpcore", "h11", "anyio"} & set(sys.modules)
 print(light, create_agent.__module__, OpenAIChatModel.__module__, no_httpx)

@@ -35,10 +35,17 @@ class DemoChildModel:
             text = f"the tool failed: {outcome.text}"
         else:
             data = json.loads(outcome.text)
-            text = (
-                f"hashed {data['files']} files ({data['bytes']} bytes) x{data['rounds']} rounds, "
-                f"digest {data['digest']}"
-            )
+            if "tried" in data:
+                text = (
+                    f"reading {data['tried']} was denied: {data['error']}"
+                    if data["denied"]
+                    else f"read {data['tried']} ({data['bytes']} bytes): not confined here"
+                )
+            else:
+                text = (
+                    f"hashed {data['files']} files ({data['bytes']} bytes) x{data['rounds']} "
+                    f"rounds, digest {data['digest']}"
+                )
         yield _reply(AssistantMessage(content=text), request)
 
 

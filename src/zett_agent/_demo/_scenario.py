@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,13 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from zett_agent._demo._models import DemoChildModel, DemoParentModel
-from zett_agent._demo._work import BLOCK_BYTES, CRASH_TOOL, HASH_TOOL, SPIN_TOOL, list_files
+from zett_agent._demo._work import (
+    BLOCK_BYTES,
+    CRASH_TOOL,
+    HASH_TOOL,
+    READ_TOOL,
+    SPIN_TOOL,
+    list_files,
+)
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTask
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.model import Model
-from zett_agent.process import ProcessLimits
+from zett_agent.process import ProcessLimits, Sandbox
 from zett_agent.runners import ProcessRunner
 from zett_agent.tools import AgentTool
 
@@ -45,6 +54,9 @@ class DemoOptions:
     #: where the children run: None for the default (a process each); ``--ray`` passes a
     #: ``zett_agent.runners.ray.RayRunner`` (see ``ray_runner``)
     runner: Any = None
+    #: a file of the parent's, outside every sandbox, that the sandboxed child tries to read
+    #: (``run_demo`` makes one when it is None)
+    secret: str | None = None
 
 
 @dataclass
@@ -122,6 +134,16 @@ def definitions(model: Model | None) -> list[SubAgentDefinition]:
             model=child,
             tools=(CRASH_TOOL,),
         ),
+        SubAgentDefinition(
+            "snooper",
+            "a sandboxed task that tries to read a file of the parent's (to show the sandbox)",
+            common + "and report what happened.",
+            model=child,
+            tools=(READ_TOOL,),
+            # not required: where the kernel cannot confine it, the demo still runs and says so;
+            # on a remote model (--model) the child needs the network to reach it
+            sandbox=Sandbox(network="none" if model is None else "all", required=False),
+        ),
     ]
 
 
@@ -141,6 +163,10 @@ def start_calls(options: DemoOptions) -> list[dict[str, Any]]:
     ]
     calls.append(start("spinner", "spin forever", "spin_forever", {}))
     calls.append(start("crasher", "segfault on purpose", "crash", {}))
+    if options.secret is not None:
+        calls.append(
+            start("snooper", "read the parent's file", "read_outside", {"path": options.secret})
+        )
     return calls
 
 
@@ -180,7 +206,11 @@ def ray_runner(address: str | None, hashers: int) -> Any:
     cpus = max(os.cpu_count() or 1, hashers)
     return RayRunner(
         address,
-        placement={"spinner": {"num_cpus": 0}, "crasher": {"num_cpus": 0}},
+        placement={
+            "spinner": {"num_cpus": 0},
+            "crasher": {"num_cpus": 0},
+            "snooper": {"num_cpus": 0},
+        },
         init_kwargs={"num_cpus": cpus} if address is None else None,
     )
 
@@ -211,6 +241,27 @@ async def run_demo(
     Raises what the parent's request raises (``ModelError`` from a real model, for example).
     """
     files = list_files(options.root) if files is None else files
+    secret = None
+    if options.secret is None:
+        # a private file of the parent's, outside the sandboxed child's reach
+        descriptor, secret = tempfile.mkstemp(prefix="zett-demo-secret-")
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write("the parent's secret\n")
+        options = dataclasses.replace(options, secret=secret)
+    try:
+        return await _run_demo(options, files, on_start, on_tick, tick_seconds)
+    finally:
+        if secret is not None:
+            os.unlink(secret)
+
+
+async def _run_demo(
+    options: DemoOptions,
+    files: Sequence[Path],
+    on_start: Callable[[AsyncSubAgentExtension], None] | None,
+    on_tick: Callable[[AsyncSubAgentExtension], None] | None,
+    tick_seconds: float,
+) -> DemoResult:
     starts = start_calls(options)
     parent_model = options.model or DemoParentModel(starts)
     parent_work: list[str] = []

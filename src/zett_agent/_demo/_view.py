@@ -292,6 +292,8 @@ def summary(data: dict[str, Any], *, width: int) -> Group:
             lines.append(
                 f"clean failure: {task['task_id']} ({task['subagent_type']}): {task.get('error')}"
             )
+        if task["subagent_type"] == "snooper":
+            lines.append(sandbox_line(task))
     parts: list[RenderableType] = [
         task_table(
             data["tasks"],
@@ -304,6 +306,24 @@ def summary(data: dict[str, Any], *, width: int) -> Group:
     if data.get("answer"):
         parts.append(Panel(data["answer"], title="parent's answer"))
     return Group(*parts)
+
+
+def sandbox_line(task: dict[str, Any]) -> str:
+    """What the sandboxed child met, and what its sandbox was made of."""
+    entry = task.get("sandbox") or {}
+    if entry.get("filesystem"):
+        held = [f"Landlock ABI {entry.get('landlock_abi')}"]
+        held += [name for name in ("seccomp",) if entry.get(name)]
+        held.append(str(entry.get("account", "")))
+        how = ", ".join(part for part in held if part)
+    else:
+        missing = entry.get("missing") or {}
+        how = "not confined here: " + (
+            "; ".join(missing.values()) if missing else str(entry.get("reason", "no sandbox"))
+        )
+    return (
+        f"sandbox: {task['task_id']} (snooper): {task.get('content') or task.get('error')} ({how})"
+    )
 
 
 def console(plain: bool) -> Console:

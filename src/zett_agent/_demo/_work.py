@@ -1,4 +1,5 @@
-"""The children's tools: real CPU work on real files, a spin that never yields, a crash.
+"""The children's tools: real CPU work on real files, a spin that never yields, a crash, and a
+look at a file outside the sandbox.
 
 Imported in child processes; keep it light.
 """
@@ -95,6 +96,16 @@ def crash() -> str:
     return "unreachable"
 
 
+def read_outside(path: str) -> dict[str, object]:
+    """Try to read ``path`` (a file the parent made, outside the sandbox); say what happened."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        return {"tried": path, "denied": True, "error": exc.strerror or type(exc).__name__}
+    return {"tried": path, "denied": False, "bytes": len(data)}
+
+
 HASH_TOOL = AgentTool(
     "hash_files",
     "Hash one shard of the files under a folder, many rounds over (CPU-heavy).",
@@ -116,3 +127,9 @@ SPIN_TOOL = AgentTool(
     "spin_forever", "Work forever.", {"type": "object", "properties": {}}, spin_forever
 )
 CRASH_TOOL = AgentTool("crash", "Crash the process.", {"type": "object", "properties": {}}, crash)
+READ_TOOL = AgentTool(
+    "read_outside",
+    "Read a file.",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    read_outside,
+)

@@ -26,7 +26,7 @@ from zett_agent.tools import AgentTool
 if TYPE_CHECKING:
     from zett_agent._model import ModelRequest
     from zett_agent.agent import AgentRunContext
-    from zett_agent.process import ProcessLimits, ProcessPool
+    from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
     from zett_agent.runners import ChildRunner
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,12 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         max_children: Shortcut for ``ProcessRunner(max_children=...)``: the global cap on
             children running at once across every session (default 256). ``max_workers`` is
             its older name.
+        sandbox: Default ``zett_agent.process.Sandbox`` for definitions that set none: each
+            such child's whole process is confined (files, network, environment, account)
+            before any of its code runs, and ``task_info`` has a ``sandbox`` entry saying what
+            was enforced (``{"landlock_abi": 7, "seccomp": true, "user": 65534, "network":
+            "none", ...}``). A required sandbox that cannot be enforced fails the task with
+            ``SandboxUnavailable`` before the child runs.
 
     Raises:
         TypeError, ValueError: a bad option (the message names it).
@@ -112,6 +118,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         kill_grace: float | None = None,
         max_children: int | None = None,
         max_workers: int | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         for option, value, least in (
             ("max_concurrent", max_concurrent, 1),
@@ -129,6 +136,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             kill_grace=kill_grace,
             max_children=max_children,
             max_workers=max_workers,
+            sandbox=sandbox,
         )
         self.max_concurrent = max_concurrent
         self.max_retained = max_retained
@@ -247,7 +255,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             spec = self._child_spec(
                 context.model, definition, session_id=task.session_id, prompt=prompt
             )
-            job = await self._runner.submit(spec, limits=self._limits(definition))
+            job = await self._submit(spec, definition)
         finally:
             session.starting -= 1
         if self._closing:  # close() began while the runner was starting

@@ -9,7 +9,8 @@ from typing import Any
 from zett_agent._model import Model
 from zett_agent._tools import AgentTool, tool
 from zett_agent.extensions._base import Extension
-from zett_agent.process import ProcessLimits
+from zett_agent.process import ProcessLimits, Sandbox
+from zett_agent.process._sandbox import check_sandbox
 
 
 @dataclass(frozen=True, init=False)
@@ -40,11 +41,17 @@ class SubAgentDefinition:
             the child's process (``zett_agent.process.ProcessLimits``); ``None`` means the
             extension's default limits.
         max_turns: Turn budget of the child's request; ``None`` means the runtime default.
+        sandbox: A ``zett_agent.process.Sandbox`` around the child's whole process, its model
+            loop and tools included: the files it may read and write, the network, the
+            environment, the account. ``None`` means the extension's default sandbox (none,
+            unless the extension sets one). The runner enforces it before any of the child's
+            code runs; the task info's ``sandbox`` entry says what was enforced.
 
     Raises:
         TypeError: a field has the wrong type (for example ``limits={"timeout": 1}``).
         ValueError: a field has a bad value (a name that is not an identifier, an empty
-            description, two tools with one name, ``max_turns < 1``).
+            description, two tools with one name, ``max_turns < 1``, a sandbox with
+            ``ProcessLimits.env`` or ``cwd``, ``Sandbox(user=...)`` this host cannot give).
     """
 
     name: str
@@ -55,6 +62,7 @@ class SubAgentDefinition:
     extensions: tuple[Extension, ...]
     limits: ProcessLimits | None
     max_turns: int | None
+    sandbox: Sandbox | None
 
     def __init__(
         self,
@@ -66,6 +74,7 @@ class SubAgentDefinition:
         extensions: Iterable[Extension] = (),
         limits: ProcessLimits | None = None,
         max_turns: int | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         for field_name, value in (
             ("name", name),
@@ -102,6 +111,8 @@ class SubAgentDefinition:
             raise TypeError(f"{where}: max_turns must be an int or None, got {_kind(max_turns)}")
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"{where}: max_turns must be >= 1, got {max_turns}")
+        sandbox = check_sandbox(sandbox, f"{where}: sandbox")
+        check_combination(limits, sandbox, where)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "description", description)
         object.__setattr__(self, "system_prompt", system_prompt)
@@ -110,6 +121,17 @@ class SubAgentDefinition:
         object.__setattr__(self, "extensions", _extensions(where, extensions))
         object.__setattr__(self, "limits", limits)
         object.__setattr__(self, "max_turns", max_turns)
+        object.__setattr__(self, "sandbox", sandbox)
+
+
+def check_combination(limits: ProcessLimits | None, sandbox: Sandbox | None, where: str) -> None:
+    """``ValueError`` for limits that replace what a sandbox decides (environment, cwd)."""
+    if sandbox is not None and limits is not None and (limits.env is not None or limits.cwd):
+        raise ValueError(
+            f"{where}: ProcessLimits.env and .cwd do not combine with a sandbox (its environment "
+            "is minimal plus Sandbox.env, its working directory its scratch directory); pass "
+            "the variables as Sandbox(env={...})"
+        )
 
 
 def _kind(value: object) -> str:

@@ -7,10 +7,15 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent.extensions._base import Extension
-from zett_agent.extensions._definition import SubAgentDefinition, default_subagents
+from zett_agent.extensions._definition import (
+    SubAgentDefinition,
+    check_combination,
+    default_subagents,
+)
 from zett_agent.extensions._runner import failure_reason, report_content
-from zett_agent.process import ProcessLimits, ProcessPool
-from zett_agent.runners._base import ChildRunner
+from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
+from zett_agent.process._sandbox import check_sandbox
+from zett_agent.runners._base import ChildJob, ChildRunner
 from zett_agent.runners._child import ChildSpec, ProgressModel
 from zett_agent.runners._preload import child_modules
 from zett_agent.runners._process import ProcessRunner
@@ -47,6 +52,7 @@ class ChildAgentExtension(Extension):
         kill_grace: float | None = None,
         max_children: int | None = None,
         max_workers: int | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         super().__init__()
         if isinstance(subagents, SubAgentDefinition):
@@ -68,6 +74,13 @@ class ChildAgentExtension(Extension):
             raise TypeError(
                 f"limits must be a zett_agent.process.ProcessLimits or None, got "
                 f"{type(limits).__name__}; write limits=ProcessLimits(timeout=...)"
+            )
+        sandbox = check_sandbox(sandbox, "sandbox")
+        for definition in definitions:
+            check_combination(
+                definition.limits or limits,
+                definition.sandbox or sandbox,
+                f"SubAgentDefinition {definition.name!r} with this extension's defaults",
             )
         if max_workers is not None:  # the option's earlier name
             if max_children is not None:
@@ -100,6 +113,8 @@ class ChildAgentExtension(Extension):
                 runner.owner = type(self).__name__
         self.subagents: tuple[SubAgentDefinition, ...] = definitions
         self.limits = limits
+        #: the sandbox of the children whose definition sets none
+        self.sandbox = sandbox
         self._runner: ChildRunner = runner
         self._init_runtime()
 
@@ -214,6 +229,18 @@ class ChildAgentExtension(Extension):
     def _limits(self, definition: SubAgentDefinition) -> ProcessLimits | None:
         return definition.limits or self.limits
 
+    def _sandbox(self, definition: SubAgentDefinition) -> Sandbox | None:
+        return definition.sandbox or self.sandbox
+
+    async def _submit(self, spec: ChildSpec, definition: SubAgentDefinition) -> ChildJob:
+        """Hand one child to the runner with its limits and, when it has one, its sandbox
+        (a runner written before sandboxes takes the rest unchanged)."""
+        sandbox = self._sandbox(definition)
+        limits = self._limits(definition)
+        if sandbox is None:
+            return await self._runner.submit(spec, limits=limits)
+        return await self._runner.submit(spec, limits=limits, sandbox=sandbox)
+
     def _profiles_text(self) -> str:
         return "; ".join(f"{d.name}: {d.description}" for d in self.subagents)
 
@@ -278,7 +305,7 @@ class SubAgentExtension(ChildAgentExtension):
         session_id = f"{context.session_id}/subagent-{self._counter}"
         self._warm_up(context.model)
         spec = self._child_spec(context.model, definition, session_id=session_id, prompt=prompt)
-        job = await self._runner.submit(spec, limits=self._limits(definition))
+        job = await self._submit(spec, definition)
         try:
             await job.wait()
         except asyncio.CancelledError:

@@ -21,7 +21,14 @@
   exited; a job's processes are killed as soon as its answer arrives.
 - Nothing a job can do to its worker or to the launcher changes what the supervisor does: exit
   statuses, forged frames, a cleared subreaper flag, a stopped or killed launcher (which is
-  replaced; the jobs it ran fail naming why).
+  replaced; the jobs it ran fail naming why). On Linux 6.12 and newer every worker is in a
+  Landlock domain of its own, so no job can signal or ``ptrace`` its launcher, the host or any
+  process outside its tree in the first place (``ProcessPool.containment_info``).
+- ``submit(fn, sandbox=Sandbox(...))`` confines a job before any of its code runs: the files it
+  may read and write (Landlock), no network, a seccomp filter, a minimal environment, a scratch
+  directory, and an unprivileged account (or uid 0 without any capability) when the host is
+  root. ``sandbox_support()`` says what this machine can enforce; a required sandbox that it
+  cannot fails the job with ``SandboxUnavailable``.
 - Outcomes: the result, or ``JobFailed`` (the job raised), ``WorkerCrashed`` (died),
   ``JobTimeout``, ``LimitExceeded``, ``ProtocolError``, ``JobCancelled``, ``PoolClosed``; all
   subclasses of ``ProcessError``.
@@ -45,6 +52,7 @@ from ._errors import (
 from ._job import JobStatus, JobUsage, ProcessJob
 from ._limits import ProcessLimits
 from ._pool import ProcessPool
+from ._sandbox import Sandbox, SandboxUnavailable, sandbox_support
 from ._worker import emit
 
 __all__ = [
@@ -60,6 +68,9 @@ __all__ = [
     "ProcessLimits",
     "ProcessPool",
     "ProtocolError",
+    "Sandbox",
+    "SandboxUnavailable",
     "WorkerCrashed",
     "emit",
+    "sandbox_support",
 ]

@@ -86,6 +86,8 @@ class LauncherHandle:
                 os.waitpid(self.pid, 0)
             raise
         self.returncode: int | None = None
+        #: its hello message, once it arrived (``landlock``: what its workers get)
+        self.hello: dict[str, Any] = {}
         self._outbox: list[bytes] = []
         self._seq = 0
         #: sequence number -> when it was sent, for requests not answered yet

@@ -20,7 +20,7 @@ from ._protocol import CHUNK, MAX_DEPTH, FrameError, decode_json
 
 __all__ = ["Assembler", "Message", "json_cost"]
 
-_KINDS = ("event", "result", "error")
+_KINDS = ("event", "result", "error", "sandbox")
 _EMPTY = object()
 
 
@@ -32,7 +32,7 @@ def json_cost(frame: bytes | bytearray) -> int:
 
 @dataclass
 class Message:
-    """One complete event, result or error from a worker."""
+    """One complete event, result, error or sandbox report from a worker."""
 
     kind: str
     value: Any = None
@@ -195,6 +195,10 @@ class Assembler:
             if "v" not in message:
                 raise FrameError("an event frame without a value")
             return Message("event", message["v"], cost=cost)
+        if kind == "sandbox":
+            if not isinstance(message.get("v"), dict):
+                raise FrameError("a sandbox report that is not an object")
+            return Message("sandbox", message["v"], cost=cost)
         usage = _usage(message)
         if kind == "result":
             if "v" not in message:

@@ -23,6 +23,7 @@ from ._protocol import FLAG_MESSAGE, HEADER
 if TYPE_CHECKING:
     from ._channel import Channel
     from ._pool import ProcessPool
+    from ._sandbox import Sandbox
 
 __all__ = ["SEND_BUFFER_BYTES", "JobStatus", "JobUsage", "ProcessJob"]
 
@@ -84,11 +85,22 @@ class ProcessJob:
         limits: ProcessLimits,
         name: str,
         max_buffered_events: int,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._pool = pool
         self._loop = loop
         self._payload: bytes | None = payload
         self.limits = limits
+        #: the ``Sandbox`` the job was submitted with (None: not sandboxed)
+        self.sandbox = sandbox
+        #: what the worker enforced, as it reported before the job's code ran (None until
+        #: then, and for a job without a sandbox): ``landlock_abi``, ``filesystem``, ``tcp``,
+        #: ``scoped``, ``seccomp``, ``network``, ``user``, ``gid``, ``account``, ``scratch``,
+        #: ``missing`` (what could not be enforced, and why), ``seconds`` (what confining took),
+        #: ``absent`` (``read``/``write`` paths that did not exist) and, when the job did not
+        #: run, ``refused``
+        self.sandbox_report: dict[str, Any] | None = None
+        self._scratch: str | None = None
         self.name = name
         self.status = JobStatus.QUEUED
         #: the worker's pid while the job runs, else None

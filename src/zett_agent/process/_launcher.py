@@ -17,7 +17,10 @@ host -> launcher
     ``{"op": "ping", "seq": S}``           just answer
     ``{"op": "shutdown"}``                 kill everything, reap it, exit
 launcher -> host
-    ``{"op": "hello", "pid": ...}`` or ``{"op": "hello", "error": ...}``
+    ``{"op": "hello", "pid": ..., "landlock": {...}}`` or ``{"op": "hello", "error": ...}``;
+    ``landlock`` says what every worker gets: ``kernel_abi``, ``abi`` (the one used: lower when
+    the pool pretends an older kernel), ``scoped`` (each worker enters a Landlock domain of
+    its own that scopes signals and abstract UNIX sockets) and ``reason`` when it does not
     ``{"op": "ok", "seq": S}``             request S was taken (sweep: done)
     ``{"op": "worker", "pid": P, "cg": NAME}`` with the host end of P's socket and a pidfd of
     P attached (SCM_RIGHTS)
@@ -45,7 +48,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _cgroup, _linux, _scan
+from . import _cgroup, _landlock, _linux, _scan
 
 __all__ = ["main"]
 
@@ -60,9 +63,18 @@ def _noop(signum: int, frame: object) -> None:
 
 class _Launcher:
     def __init__(
-        self, ctrl: socket.socket, max_frame_bytes: int, cgroups: dict[str, str], nice: int = 0
+        self,
+        ctrl: socket.socket,
+        max_frame_bytes: int,
+        cgroups: dict[str, str],
+        nice: int = 0,
+        scoping: dict[str, Any] | None = None,
     ) -> None:
         self.ctrl = ctrl
+        #: what the workers get (see the module docstring's ``hello``)
+        self.scoping = scoping or {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": None}
+        #: the Landlock ABI each worker scopes itself with (0: none)
+        self.scope = int(self.scoping["abi"]) if self.scoping["scoped"] else 0
         self.max_frame_bytes = max_frame_bytes
         #: added to each worker's niceness as it is forked, before it runs anything
         self.nice = nice
@@ -118,7 +130,7 @@ class _Launcher:
         self.ctrl.setblocking(False)
         self.selector.register(self.ctrl, selectors.EVENT_READ, "ctrl")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
-        self.send({"op": "hello", "pid": self.pid})
+        self.send({"op": "hello", "pid": self.pid, "landlock": self.scoping})
         while not self.stopping:
             # forks wait behind everything else: a request must not queue behind a batch
             # of them; leftover cgroups are looked at again twice a second while any exist
@@ -202,7 +214,7 @@ class _Launcher:
                 # under cgroup containment a worker whose launcher dies may die at once (its
                 # cgroup holds its tree); otherwise it stops, and the host kills its tree whole
                 pdeath = signal.SIGKILL if self.workers_cg else signal.SIGSTOP
-                _worker.serve(worker_end, self.pid, self.max_frame_bytes, pdeath)
+                _worker.serve(worker_end, self.pid, self.max_frame_bytes, pdeath, self.scope)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -356,12 +368,19 @@ def main() -> None:
     preload = json.loads(sys.argv[4])
     cgroups: dict[str, str] = json.loads(sys.argv[5])
     nice = int(sys.argv[6])
+    # the pool's Landlock settings travel with the cgroup paths (the launcher's arguments)
+    landlock_cap = int(cgroups.pop("landlock_abi", "-1"))
+    scope_workers = cgroups.pop("scope_workers", "1") == "1"
     ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=CONTROL_FD)
     _linux.set_child_subreaper()
     _linux.set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != host_pid:
         return  # the host died before we could watch it
-    launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice)
+    try:
+        scoping = _landlock.worker_scoping(landlock_cap, scope_workers)
+    except OSError as exc:
+        scoping = {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": f"not looked at: {exc}"}
+    launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice, scoping)
     try:
         if "launcher" in cgroups:
             _cgroup.write(f"{cgroups['launcher']}/cgroup.procs", "0")

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _containment
+from . import _containment, _landlock, _sandbox, _scratch
 from ._channel import Channel
 from ._containment import Containment
 from ._control import LauncherHandle
@@ -56,7 +56,8 @@ from ._job import JobStatus, ProcessJob
 from ._limits import ProcessLimits, check_limits
 from ._linux import linux_problem
 from ._pickling import pickle_job
-from ._protocol import FLAG_LAST, HEADER
+from ._protocol import FLAG_LAST, FLAG_SANDBOX, HEADER
+from ._sandbox import Sandbox, SandboxUnavailable, check_sandbox
 from ._supervised import Worker, WorkerState
 from ._supervisor import LauncherSupervisor
 
@@ -75,6 +76,8 @@ _REPLACE_DELAY = 0.005
 #: killed (under containments where waiting is cheaper than a kill)
 _EXIT_GRACE = 0.1
 _CONTAINMENTS = ("auto", "cgroup", "scan")
+#: the Landlock ABI cap sent to workers when the pool pretends nothing (any kernel's is lower)
+_ANY_ABI = 1 << 16
 
 
 def _signal_name(signum: int) -> str:
@@ -129,7 +132,20 @@ class ProcessPool:
       worker: kills are atomic, nothing can fork or double-fork out of them; needs a writable
       cgroup v2 hierarchy and Linux 5.14), ``"scan"`` (freezes found by walking ``/proc``, and
       a subreaper that kills orphans), or ``"auto"`` (the default: cgroup where it works).
-      ``containment`` reads the mode in use once the pool started.
+      ``containment`` reads the mode in use once the pool started; ``containment_info`` says
+      more, the Landlock scoping of the workers included.
+    - ``scope_workers``: put every worker in a Landlock domain of its own before any job runs
+      (default True; needs Landlock ABI 6, Linux 6.12): nothing a job starts can then signal,
+      ``pidfd_send_signal``, ``ptrace``, read the memory of, or connect to an abstract UNIX
+      socket of, a process outside its worker's tree (the launcher, this host, other pools).
+      As root this costs nothing else. On a host that is not root, Landlock needs
+      ``no_new_privs``, which each worker then sets: setuid programs (``sudo``) no longer gain
+      privileges in jobs; pass ``scope_workers=False`` where unsandboxed jobs need them (the
+      jobs can then stop or kill the launcher, and signal the host).
+    - ``landlock_abi`` and ``seccomp``: use at most this Landlock ABI (``None``: the kernel's;
+      0: none) and seccomp or not (default True), pretending an older kernel: for tests of what
+      a pool does on one (a sandbox that is ``required`` then fails with
+      ``SandboxUnavailable``, and workers are not scoped below ABI 6).
 
     Processes: one launcher process (a child subreaper) forks the workers and reaps them. If
     this process dies, even by SIGKILL, the launcher kills every worker tree and exits. Start
@@ -153,6 +169,9 @@ class ProcessPool:
         preload: Sequence[str] = (),
         containment: str = "auto",
         nice: int = 0,
+        scope_workers: bool = True,
+        landlock_abi: int | None = None,
+        seccomp: bool = True,
     ) -> None:
         # set first: __del__ must work on a pool whose constructor failed
         self._started = False
@@ -185,6 +204,16 @@ class ProcessPool:
                 f"{containment!r:.40}"
             )
         self._mode = containment
+        for name, flag in (("scope_workers", scope_workers), ("seccomp", seccomp)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"ProcessPool({name}=...) must be True or False, got {flag!r:.40}")
+        self.scope_workers = scope_workers
+        self.landlock_abi = (
+            None if landlock_abi is None else _count("landlock_abi", landlock_abi, 0, _ANY_ABI)
+        )
+        self.seccomp = seccomp
+        #: the sandboxed jobs' base directory, made on the first sandboxed submit
+        self._scratch_base: _scratch.Base | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._containment: Containment | None = None
         self._broken: str | None = None
@@ -245,6 +274,46 @@ class ProcessPool:
         return self._containment.mode if self._containment is not None else self._mode
 
     @property
+    def containment_info(self) -> dict[str, Any]:
+        """How this pool contains its jobs, as JSON data (``{"mode": ...}`` only before start).
+
+        - ``mode``: ``"cgroup"`` or ``"scan"`` (see ``containment``);
+        - ``landlock_abi``: the Landlock ABI workers use (0: none; lower than
+          ``kernel_landlock_abi`` when the pool pretends an older kernel);
+        - ``scoped_workers``: whether each worker runs in a Landlock domain of its own that
+          scopes signals and abstract UNIX sockets (see ``scope_workers``);
+        - ``supervisors``: what a job can do to its launcher and this host, in a sentence;
+        - ``reason``: why the workers are not scoped, when they are not;
+        - ``no_new_privs``: whether workers run with ``no_new_privs`` (set for their domain on a
+          host that is not root, inherited inside a sandbox).
+        """
+        info: dict[str, Any] = {"mode": self.containment}
+        launcher = self._launcher
+        landlock = launcher.hello.get("landlock") if launcher is not None else None
+        if not isinstance(landlock, dict):
+            return info
+        scoped = bool(landlock.get("scoped"))
+        info["landlock_abi"] = landlock.get("abi", 0)
+        info["kernel_landlock_abi"] = landlock.get("kernel_abi", 0)
+        info["scoped_workers"] = scoped
+        if scoped:
+            info["supervisors"] = (
+                "protected: no process a job starts can signal (kill, pidfd_send_signal), "
+                "ptrace, read the memory of, or connect to an abstract UNIX socket of the "
+                "launcher, this host or any process outside its worker's tree (Landlock "
+                "scoping)"
+            )
+        else:
+            info["supervisors"] = (
+                "not protected: a job can signal the launcher and this host, and ptrace them "
+                "where Yama does not forbid it; the host replaces a launcher that it finds "
+                "stopped or gone"
+            )
+            info["reason"] = landlock.get("reason")
+        info["no_new_privs"] = scoped and (os.geteuid() != 0 or _landlock.no_new_privs())
+        return info
+
+    @property
     def tree_limits(self) -> frozenset[str]:
         """The ``ProcessLimits`` fields this pool enforces on whole trees (``max_processes``,
         ``tree_memory_bytes``): those whose cgroup controller is enabled. Empty before start
@@ -295,7 +364,12 @@ class ProcessPool:
             self,
             preload=self.preload,
             max_frame_bytes=self.max_frame_bytes,
-            cgroups=containment.launcher_args(),
+            cgroups={
+                **containment.launcher_args(),
+                # the launcher takes these out again (its arguments travel in one dict)
+                "landlock_abi": str(-1 if self.landlock_abi is None else self.landlock_abi),
+                "scope_workers": "1" if self.scope_workers else "0",
+            },
             nice=self.nice,
             before_start=containment.launcher_starting,
         )
@@ -356,9 +430,16 @@ class ProcessPool:
         self._containment.close()
         if self._graveyard is not None:
             self._graveyard.close()
+        base = self._scratch_base
+        if base is not None:
+            self._janitor.defer(_scratch.remove_tree, base.path, self._janitor.stopping.is_set)
         # what jobs left to remove (cgroups they built, scratch directories): bounded, the
         # rest stays for the next pool's sweep
-        await self._janitor.close(_CLOSE_TIMEOUT)
+        try:
+            await self._janitor.close(_CLOSE_TIMEOUT)
+        finally:
+            if base is not None:
+                base.close()  # what is left of it is a stale base from now on
 
     async def _workers_buried(self) -> None:
         while self._workers:
@@ -374,6 +455,7 @@ class ProcessPool:
         /,
         *args: Any,
         limits: ProcessLimits | None = None,
+        sandbox: Sandbox | None = None,
         **kwargs: Any,
     ) -> ProcessJob:
         """Queue ``fn(*args, **kwargs)`` to run in a worker process; return its job at once.
@@ -384,11 +466,20 @@ class ProcessPool:
         for a worker: the job queues if all ``max_workers`` are busy. The job is pickled here,
         synchronously, so huge arguments cost loop time in this call.
 
+        ``sandbox`` (a ``Sandbox``) confines the job: its worker enforces it before unpickling
+        anything of the job, reports what it enforced (``ProcessJob.sandbox_report``, before the
+        job runs) and runs no other job; the job's scratch directory is removed once its tree is
+        dead. A required sandbox that cannot be enforced here fails the job with
+        ``SandboxUnavailable`` before its code runs.
+
         Raises ``TypeError`` if ``fn`` is not callable, ``limits`` is not a ``ProcessLimits``,
-        or a value cannot be pickled (naming it; the pool is unaffected); ``ValueError`` for
-        tree-wide limits this pool cannot enforce (see ``tree_limits``); ``PoolClosed`` after
-        ``close()`` or once the pool gave up on its launcher; ``RuntimeError`` before
-        ``start()``. Must be called from the event loop thread that started the pool.
+        ``sandbox`` not a ``Sandbox``, or a value cannot be pickled (naming it; the pool is
+        unaffected); ``ValueError`` for tree-wide limits this pool cannot enforce (see
+        ``tree_limits``), for ``Sandbox(user=...)`` on a host that is not root or naming an
+        account that cannot run the interpreter, and for ``ProcessLimits.env``/``cwd`` with a
+        sandbox; ``PoolClosed`` after ``close()`` or once the pool gave up on its launcher;
+        ``RuntimeError`` before ``start()``. Must be called from the event loop thread that
+        started the pool.
 
         On crash: a job whose worker dies ends with ``WorkerCrashed`` (or ``LimitExceeded`` when
         a limit explains the death); other jobs are not affected.
@@ -399,6 +490,13 @@ class ProcessPool:
                 f"{type(fn).__name__} {fn!r:.40}"
             )
         limits = check_limits(limits, "ProcessPool.submit(limits=...)") or _NO_LIMITS
+        sandbox = check_sandbox(sandbox, "ProcessPool.submit(sandbox=...)")
+        if sandbox is not None and (limits.env is not None or limits.cwd is not None):
+            raise ValueError(
+                "ProcessLimits.env and .cwd do not combine with a sandbox: its environment is "
+                "minimal plus Sandbox.env, and its working directory is its scratch directory; "
+                "pass the variables as Sandbox(env={...})"
+            )
         if self._closed or self._broken is not None:
             raise PoolClosed(
                 self._broken or "submit() after close(); create a new ProcessPool for new jobs"
@@ -418,6 +516,10 @@ class ProcessPool:
                 "(per process) instead, or run where the controllers are delegated"
             )
         payload = pickle_job(fn, args, kwargs, limits)
+        scratch = None
+        if sandbox is not None:
+            scratch, header = self._sandbox_header(sandbox)
+            payload = b"".join((HEADER.pack(len(header)), header, payload))
         self._job_counter += 1
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         job = ProcessJob(
@@ -427,10 +529,36 @@ class ProcessPool:
             limits,
             f"#{self._job_counter} {name}",
             self.max_buffered_events,
+            sandbox,
         )
+        job._scratch = scratch
         self._queue.append(job)
         self._dispatch(replace_now=False)
         return job
+
+    def _sandbox_header(self, sandbox: Sandbox) -> tuple[str, bytes]:
+        """The job's scratch directory and the policy its worker enforces (as JSON)."""
+        account = _sandbox.resolve_account(sandbox.user)
+        base = self._scratch_base
+        if base is None:
+            try:
+                base = self._scratch_base = _scratch.Base()
+            except OSError as exc:
+                raise ProcessError(
+                    f"cannot make the sandboxes' scratch directory: {exc}; set TMPDIR to a "
+                    "writable directory"
+                ) from exc
+            # what pools whose host died left behind (off the loop: it lists a directory)
+            self._janitor.defer(_remove_stale_bases, self._janitor.stopping.is_set)
+        scratch = base.job_path()
+        policy = _sandbox.policy(
+            sandbox,
+            account,
+            scratch,
+            landlock_abi=_ANY_ABI if self.landlock_abi is None else self.landlock_abi,
+            seccomp=self.seccomp,
+        )
+        return scratch, policy
 
     def _drop_queued(self, job: ProcessJob) -> None:
         with contextlib.suppress(ValueError):
@@ -440,8 +568,24 @@ class ProcessPool:
 
     def _dispatch(self, *, replace_now: bool = True) -> None:
         while self._queue and self._idle and len(self._busy) < self.max_workers:
-            self._run(self._queue.popleft(), self._idle.popleft())
+            worker = self._worker_for(self._queue[0])
+            if worker is None:
+                break
+            self._run(self._queue.popleft(), worker)
         self._top_up(replace_now=replace_now)
+
+    def _worker_for(self, job: ProcessJob) -> Worker | None:
+        """An idle worker for ``job``: a sandboxed job needs one that never ran a job (a job
+        before it could have changed what the worker enforces). None when only used ones are
+        idle: one of them is retired, and the fork that replaces it brings a fresh one."""
+        if job.sandbox is None or self.max_jobs_per_worker == 1:
+            return self._idle.popleft()
+        for worker in reversed(self._idle):  # spares are at the right end
+            if worker.jobs_done == 0:
+                self._idle.remove(worker)
+                return worker
+        self._end(self._idle[0])
+        return None
 
     def _top_up(self, *, replace_now: bool = True) -> None:
         """Ask the launcher for the workers that are missing: one per queued job that could
@@ -494,11 +638,16 @@ class ProcessPool:
         worker.to(WorkerState.BUSY)
         worker.job = job
         self._busy[job] = worker
-        last = job.limits.applies_in_child or worker.jobs_done + 1 >= self.max_jobs_per_worker
-        worker.last = last
-        data = b"".join(
-            (HEADER.pack(len(payload) + 1), bytes((FLAG_LAST if last else 0,)), payload)
+        sandboxed = job.sandbox is not None
+        last = (
+            sandboxed
+            or job.limits.applies_in_child
+            or worker.jobs_done + 1 >= self.max_jobs_per_worker
         )
+        worker.last = last
+        worker.scratch = job._scratch
+        flags = (FLAG_LAST if last else 0) | (FLAG_SANDBOX if sandboxed else 0)
+        data = b"".join((HEADER.pack(len(payload) + 1), bytes((flags,)), payload))
         worker.channel.send(data)
         if job.limits.timeout is not None:
             worker.set_timer(
@@ -549,8 +698,18 @@ class ProcessPool:
         if job is None or job.done() or job._kill_reason is not None:
             self._protocol_error(worker, f"a {message.kind} arrived while the worker had no job")
             return
+        if job.sandbox is not None and job.sandbox_report is None:
+            if message.kind != "sandbox":
+                reason = f"a {message.kind} arrived before the worker reported the job's sandbox"
+                self._protocol_error(worker, reason)
+                return
+            self._on_sandbox_report(worker, job, message.value)
+            return
         if message.kind == "event":
             job._push_event(message.value, message.cost)
+            return
+        if message.kind == "sandbox":
+            self._protocol_error(worker, "a sandbox report from a running job")
             return
         assert message.usage is not None
         cpu, peak = message.usage
@@ -566,6 +725,18 @@ class ProcessPool:
             error = LimitExceeded("memory_bytes", memory, peak)
             error.__cause__ = failed
         self._answered(worker, JobStatus.FAILED, None, error, cpu, peak)
+
+    def _on_sandbox_report(self, worker: Worker, job: ProcessJob, report: dict[str, Any]) -> None:
+        """The worker confined itself (its job has not run yet): keep what it enforced, or fail
+        the job when the sandbox could not be enforced as required."""
+        job.sandbox_report = report
+        refused = report.get("refused")
+        if refused is None:
+            return
+        missing = report.get("missing")
+        names = tuple(str(name) for name in missing) if isinstance(missing, dict) else ()
+        error = SandboxUnavailable(str(refused), names)
+        self._answered(worker, JobStatus.FAILED, None, error, 0.0, 0)
 
     def _on_frame(self, worker: Worker) -> None:
         """After each frame: keep what the job holds within ``max_buffered_bytes``."""
@@ -790,6 +961,10 @@ class ProcessPool:
         if worker.channel is not None:
             worker.channel.close()
         containment.forget(worker.tree)
+        if worker.scratch is not None:
+            # its tree is dead: nothing writes there any more (its size is the job's choice)
+            self._janitor.defer(_scratch.remove_tree, worker.scratch, self._janitor.stopping.is_set)
+            worker.scratch = None
         self._workers.pop(worker.pid, None)
         job = worker.job
         worker.job = None
@@ -896,6 +1071,14 @@ class ProcessPool:
         self._broken = message
         while self._queue:
             self._queue.popleft()._finish(JobStatus.CANCELLED, exception=PoolClosed(message))
+
+
+def _remove_stale_bases(stop: Callable[[], bool]) -> None:
+    """In the janitor's thread: remove the sandbox directories of pools whose host is gone."""
+    for path in _scratch.stale_bases():
+        if stop():
+            return
+        _scratch.remove_tree(path, stop)
 
 
 def _raise_fd_limit(needed: int) -> None:

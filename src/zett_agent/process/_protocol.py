@@ -3,8 +3,10 @@
 A frame is a 4-byte big-endian length followed by that many payload bytes. Parent to worker,
 the payload is one flag byte plus either a cloudpickle'd job or, with ``FLAG_MESSAGE``, a
 message for the running job: UTF-8 JSON ``{"t": TOPIC, "v": VALUE}`` (see ``ProcessJob.send``
-and ``_inbox``; a worker discards a message frame that arrives while it has no job). Worker to
-parent, a frame is either a *JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text
+and ``_inbox``; a worker discards a message frame that arrives while it has no job). With
+``FLAG_SANDBOX`` a job's pickle is preceded by its sandbox policy (a 4-byte length and that much
+UTF-8 JSON), which the worker enforces before it unpickles anything (see ``_confine``). Worker
+to parent, a frame is either a *JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text
 frame* (raw UTF-8, at most ``TEXT_SLICE`` bytes) that a JSON frame announced. The parent only
 ever ``json`` -decodes or UTF-8-decodes what a worker wrote; anything else is a protocol
 violation.
@@ -15,7 +17,9 @@ budget before it takes the next (see ``_decode``). A value too big for one frame
 as a sequence of small ones:
 
 Whole messages (one JSON frame each)
-    ``{"k": "event", "v": V}``, ``{"k": "result", "v": V, "u": USAGE}``,
+    ``{"k": "sandbox", "v": REPORT}`` (first, and only, from a sandboxed job's worker, before
+    the job runs: what was enforced), ``{"k": "event", "v": V}``,
+    ``{"k": "result", "v": V, "u": USAGE}``,
     ``{"k": "error", "type": .., "message": .., "traceback": .., "u": USAGE}``
 Streamed messages
     ``{"k": "begin", "m": "event" | "result"}``, then the operations that build one value,
@@ -42,6 +46,7 @@ __all__ = [
     "CHUNK",
     "FLAG_LAST",
     "FLAG_MESSAGE",
+    "FLAG_SANDBOX",
     "HEADER",
     "MAX_DEPTH",
     "TEXT_SLICE",
@@ -63,6 +68,8 @@ MAX_DEPTH = 200
 FLAG_LAST = 1
 #: flag bit of a host-to-worker frame that carries a message for the running job, not a job
 FLAG_MESSAGE = 2
+#: flag bit in a job frame: a sandbox policy comes before the pickled job
+FLAG_SANDBOX = 4
 
 
 class FrameError(Exception):

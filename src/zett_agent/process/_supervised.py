@@ -53,6 +53,8 @@ class Worker:
         self.report: dict[str, Any] | None = None
         #: its launcher is gone: no exit report will ever come
         self.orphaned = False
+        #: the scratch directory of its sandboxed job, removed once its tree is dead
+        self.scratch: str | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def __repr__(self) -> str:

@@ -294,6 +294,7 @@ class LauncherSupervisor:
             self._reports_owed.pop(message.get("pid"), None)  # type: ignore[arg-type]
             self._owner.on_exit_report(launcher, message)
         elif op == "hello":
+            launcher.hello = message  # what its workers get (the pool shows it)
             hello = self._hello
             if hello is not None and not hello.done() and launcher is self.current:
                 if "error" in message:

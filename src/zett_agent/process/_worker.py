@@ -23,10 +23,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from . import _linux, _scan
-from ._encode import Encoder
+from . import _confine, _landlock, _linux, _scan
+from ._encode import Encoder, _dumps
 from ._inbox import Inbox
-from ._protocol import CHUNK, FLAG_LAST, FLAG_MESSAGE, HEADER
+from ._protocol import CHUNK, FLAG_LAST, FLAG_MESSAGE, FLAG_SANDBOX, HEADER
 
 __all__ = ["emit", "serve"]
 
@@ -80,10 +80,13 @@ class _Channel:
             "traceback": trace,
             "u": usage,
         }
-        from ._encode import _dumps
-
         with self.lock:
             self._send_frame(_dumps(message).encode())
+
+    def sandbox_report(self, report: dict[str, Any]) -> None:
+        """What was enforced, sent before the job runs (so the job cannot forge it)."""
+        with self.lock:
+            self._send_frame(_dumps({"k": "sandbox", "v": report}).encode())
 
 
 _channel: _Channel | None = None
@@ -192,6 +195,25 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
+def _sandboxed(body: memoryview) -> int:
+    """Enforce the sandbox policy at the start of ``body`` and report it; return where the
+    pickled job starts. Exits the process when the job must not run (the report says why)."""
+    import json
+
+    assert _channel is not None
+    size: int = HEADER.unpack_from(body, 1)[0]
+    try:
+        parts = json.loads(bytes(body[1 + HEADER.size : 1 + HEADER.size + size]))
+        report = _confine.confine({**parts["shared"], **parts["job"]}, _channel.sock.fileno())
+    except Exception as exc:  # a bug here must not let the job run unconfined
+        report = {"refused": f"confining the worker failed: {type(exc).__name__}: {exc}"}
+    _channel.sandbox_report(report)
+    if "refused" in report:
+        _flush_std_streams()
+        os._exit(0)
+    return 1 + HEADER.size + size
+
+
 def _run(payload: bytes | memoryview) -> Any:
     import cloudpickle
 
@@ -256,23 +278,41 @@ def _warm_up() -> None:
     fn, args, kwargs, _spec = cloudpickle.loads(cloudpickle.dumps((nothing, (1,), {"k": 2}, None)))
     sink: list[bytes] = []
     Encoder(sink.append, 1 << 20).message("result", fn(*args, **kwargs), _usage())
+    _confine.warm_up()  # the sandbox's path too: a spare may get a sandboxed job
 
 
 def serve(
-    sock: socket.socket, launcher_pid: int, max_frame_bytes: int, pdeath: int = signal.SIGKILL
+    sock: socket.socket,
+    launcher_pid: int,
+    max_frame_bytes: int,
+    pdeath: int = signal.SIGKILL,
+    scope: int = 0,
 ) -> NoReturn:
     """Run jobs from ``sock`` until told the job is the last one or the socket closes; exit.
 
     Never returns: the process ends with ``os._exit`` so nothing of the launcher's state (atexit
     handlers, buffered files) runs twice. The parent kills the worker's tree once its last
     result arrived; exiting first is just faster. ``pdeath`` is the signal this process gets
-    when the launcher dies.
+    when the launcher dies. ``scope`` (a Landlock ABI, 0 for none) puts the worker in a Landlock
+    domain of its own before any job: nothing its jobs start can signal, ``ptrace`` or reach an
+    abstract UNIX socket of a process outside its tree (the launcher, the host, other pools).
+
+    A sandboxed job (``FLAG_SANDBOX``) is confined before it is unpickled, and its worker runs
+    no other job.
     """
     global _channel
     _linux.set_parent_death_signal(pdeath)
     if os.getppid() != launcher_pid:
         os._exit(1)
     os.setsid()
+    if scope:
+        try:
+            _landlock.scope_self(scope)
+        except OSError as exc:
+            # the launcher saw this work when it started: never run a job unscoped when the
+            # host was told its jobs are
+            print(f"zett-agent worker: cannot enter its Landlock domain: {exc}", file=sys.stderr)
+            os._exit(71)
     sock.setblocking(True)
     _channel = _Channel(sock, max_frame_bytes)
     # warm up only as a spare: when a job is already on its way (the pool is busy), the
@@ -285,15 +325,17 @@ def serve(
         body = _recv_frame(sock, received)
         if body is None:
             break
-        if body[0] & FLAG_MESSAGE:
+        flags = body[0]
+        if flags & FLAG_MESSAGE:
             continue  # for a job that ended (sent as it finished): never read as a job
         _channel.inbox.start_job()
-        last = body[0] & FLAG_LAST
+        last = flags & FLAG_LAST or flags & FLAG_SANDBOX
         # a job may have switched it off; orphans of the next job must land here again
         _linux.set_child_subreaper()
         try:
             try:
-                result = _run(memoryview(body)[1:])  # no copy of large arguments
+                start = _sandboxed(memoryview(body)) if flags & FLAG_SANDBOX else 1
+                result = _run(memoryview(body)[start:])  # no copy of large arguments
             finally:
                 if os.getpid() != me:
                     # a process the job forked returned from the job: the answer is ours

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from zett_agent.process import JobUsage, ProcessLimits
+    from zett_agent.process import JobUsage, ProcessLimits, Sandbox
     from zett_agent.runners._child import ChildSpec
 
 __all__ = ["ChildJob", "ChildRunner"]
@@ -96,11 +96,21 @@ class ChildRunner(Protocol):
         """
         ...
 
-    async def submit(self, spec: ChildSpec, *, limits: ProcessLimits | None = None) -> ChildJob:
+    async def submit(
+        self,
+        spec: ChildSpec,
+        *,
+        limits: ProcessLimits | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> ChildJob:
         """Start one child running ``run_child(spec)`` and return its job at once.
 
-        ``limits`` bound it (a runner documents which fields it honours). Awaits only the
-        runner's own start (a pool booting), never the child.
+        ``limits`` bound it (a runner documents which fields it honours). ``sandbox`` (passed
+        only when the definition or the extension sets one: a runner written before sandboxes
+        still works for the others) confines it; a runner that cannot enforce a required one
+        returns a job that failed with ``SandboxUnavailable``, and says in the job's ``info()``
+        (``"sandbox"``) what it enforced. Awaits only the runner's own start (a pool booting),
+        never the child.
 
         Raises:
             TypeError: the spec cannot be shipped to where the child runs; the message names

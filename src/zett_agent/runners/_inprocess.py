@@ -13,8 +13,17 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-from zett_agent.process import JobCancelled, JobFailed, JobTimeout, JobUsage, ProcessLimits
+from zett_agent.process import (
+    JobCancelled,
+    JobFailed,
+    JobTimeout,
+    JobUsage,
+    ProcessLimits,
+    Sandbox,
+    SandboxUnavailable,
+)
 from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
+from zett_agent.runners._refused import RefusedJob, unenforced
 
 __all__ = ["InProcessJob", "InProcessRunner"]
 
@@ -39,6 +48,8 @@ class InProcessJob:
         self._task.add_done_callback(self._ended)
         self._started = time.monotonic()
         self._ended_at: float | None = None
+        #: the task info's ``sandbox`` entry when a sandbox was asked for and not enforced
+        self.sandbox_note: dict[str, Any] | None = None
 
     async def _run(self, spec: ChildSpec) -> dict[str, Any]:
         if self._timeout is None:
@@ -93,7 +104,7 @@ class InProcessJob:
         return JobUsage(0.0, 0, 0, end - self._started)
 
     def info(self) -> Mapping[str, Any]:
-        return {}
+        return {} if self.sandbox_note is None else {"sandbox": self.sandbox_note}
 
 
 class InProcessRunner:
@@ -117,7 +128,10 @@ class InProcessRunner:
       caveat above); ``memory_bytes``, ``cpu_seconds``, ``max_open_files``, ``env`` and
       ``cwd`` are ignored;
     - **no parallelism**: children share the parent's one thread, so CPU-bound children run
-      one at a time.
+      one at a time;
+    - **no sandbox**: a child with a required ``Sandbox`` fails with ``SandboxUnavailable``
+      before it starts; with ``Sandbox(required=False)`` it runs unconfined, and its task info
+      says so (``"sandbox": {"enforced": false, ...}``).
 
     Args:
         copy: Give each child its own copy of its definition and model, made with cloudpickle
@@ -137,14 +151,33 @@ class InProcessRunner:
     def warm_up(self, modules: Iterable[str] = ()) -> None:
         """Nothing to boot: children are asyncio tasks, and their modules are imported."""
 
-    async def submit(self, spec: ChildSpec, *, limits: ProcessLimits | None = None) -> InProcessJob:
+    async def submit(
+        self,
+        spec: ChildSpec,
+        *,
+        limits: ProcessLimits | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> InProcessJob | RefusedJob:
         """Start ``run_child(spec)`` as a task of the running loop and return its job.
+
+        A required ``sandbox`` cannot be enforced here: the job fails at once with
+        ``SandboxUnavailable`` (the child never starts).
 
         Raises ``TypeError`` naming what cannot be pickled (with ``copy=True``), and
         ``RuntimeError`` once closed.
         """
         if self._closed:
             raise RuntimeError("this extension is closed; create a new one to start tasks")
+        note = None
+        if sandbox is not None:
+            reason = (
+                "InProcessRunner runs children as asyncio tasks inside the parent: it cannot "
+                "enforce a sandbox; use ProcessRunner (the default)"
+            )
+            if sandbox.required:
+                error = SandboxUnavailable(reason + ", or Sandbox(required=False)", ("runner",))
+                return RefusedJob(error, {"sandbox": unenforced(reason, refused=True)})
+            note = unenforced(reason, refused=False)
         if self.copy:
             import cloudpickle
 
@@ -157,7 +190,10 @@ class InProcessRunner:
                     "their own copy of the definition, as in a process; keep locks, clients and "
                     "event loops out of it, or use InProcessRunner(copy=False)"
                 ) from exc
-        return InProcessJob(spec, limits)
+        job = InProcessJob(spec, limits)
+        if note is not None:
+            job.sandbox_note = note
+        return job
 
     async def close(self) -> None:
         """Nothing to release: the extension cancels running children before calling this."""

@@ -16,6 +16,7 @@ from zett_agent.process import (
     ProcessJob,
     ProcessLimits,
     ProcessPool,
+    Sandbox,
 )
 from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
 from zett_agent.runners._preload import RUNTIME_MODULES, excluded
@@ -100,9 +101,28 @@ class ProcessChildJob:
             return {
                 "waiting": f"waiting for a process: {pool.running} of {pool.max_workers} in use"
             }
+        info: dict[str, Any] = {}
         if self._broker is not None:
-            return {"broker": self._broker.info()}
-        return {}
+            info["broker"] = self._broker.info()
+        report = self.job.sandbox_report
+        if report is not None:
+            info["sandbox"] = sandbox_entry(report)
+        return info
+
+
+#: what of a worker's sandbox report the task info shows (the parent model reads it)
+_SHOWN = ("landlock_abi", "filesystem", "tcp", "scoped", "seccomp", "network", "user", "account")
+
+
+def sandbox_entry(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The task info's ``sandbox`` entry: what the child's worker enforced, what is missing
+    and, for a child that never ran, why."""
+    entry = {key: report[key] for key in _SHOWN if key in report}
+    if report.get("missing"):
+        entry["missing"] = report["missing"]
+    if "refused" in report:
+        entry["refused"] = report["refused"]
+    return entry
 
 
 class _ExtensionPool(ProcessPool):
@@ -288,24 +308,35 @@ class ProcessRunner:
             log.debug("warming up the process pool failed", exc_info=True)
 
     async def submit(
-        self, spec: ChildSpec, *, limits: ProcessLimits | None = None
+        self,
+        spec: ChildSpec,
+        *,
+        limits: ProcessLimits | None = None,
+        sandbox: Sandbox | None = None,
     ) -> ProcessChildJob:
         """Start ``run_child(spec)`` in a pool process; returns at once (after the pool's
         first start). The child waits for a process if ``max_children`` are busy.
 
-        A brokered child (``spec.broker``, ``broker=True``, or any child of a process that got
-        its own models through a broker) is shipped with keyless stand-ins for its brokerable
-        models, and the parent serves their calls (see ``zett_agent.runners._broker``).
+        A brokered child (``spec.broker``, ``broker=True``, a sandboxed child, or any child of a
+        process that got its own models through a broker) is shipped with keyless stand-ins for
+        its brokerable models, and the parent serves their calls (see
+        ``zett_agent.runners._broker``).
 
-        Raises ``TypeError`` naming the part of the spec that cannot be pickled, and
-        ``RuntimeError`` once closed.
+        ``sandbox`` confines the child's whole process (its model loop included) as
+        ``ProcessPool.submit`` says; the job's ``info()`` then has a ``sandbox`` entry with what
+        its worker enforced.
+
+        Raises ``TypeError`` naming the part of the spec that cannot be pickled, ``ValueError``
+        for a sandbox this host cannot give (see ``ProcessPool.submit``), and ``RuntimeError``
+        once closed.
         """
         pool = await self._pool()
         target: Any = run_child
         argument: Any = spec
         models: list[Any] = []
         try:
-            if spec.broker or self.broker or _relaying():
+            # a sandboxed child never holds its model's key: its calls go through this process
+            if spec.broker or self.broker or sandbox is not None or _relaying():
                 from zett_agent.runners._broker import pickle_brokered
 
                 target = run_pickled_child
@@ -314,13 +345,13 @@ class ProcessRunner:
                 except Exception as exc:  # cloudpickle raises more than TypeError
                     raise TypeError(f"{type(exc).__name__}: {exc}") from exc
             try:
-                job = pool.submit(target, argument, limits=limits)
+                job = pool.submit(target, argument, limits=limits, sandbox=sandbox)
             except PoolClosed:
                 if self._shared is not None or self._closed:
                     raise
                 # our own pool lost its launcher (killed from outside): start a new one
                 pool = await self._replace(pool)
-                job = pool.submit(target, argument, limits=limits)
+                job = pool.submit(target, argument, limits=limits, sandbox=sandbox)
         except TypeError as exc:
             part = unpicklable_part(spec) or str(exc)
             raise TypeError(

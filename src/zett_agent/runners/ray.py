@@ -61,12 +61,15 @@ from zett_agent.process import (
     PoolClosed,
     ProcessError,
     ProcessLimits,
+    Sandbox,
+    SandboxUnavailable,
     WorkerCrashed,
 )
 from zett_agent.process._limits import check_limits
 from zett_agent.runners import _ray_contain, _ray_task
 from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
 from zett_agent.runners._ray_task import emit
+from zett_agent.runners._refused import RefusedJob, unenforced
 
 __all__ = ["NodeLost", "RayJob", "RayRunner", "emit"]
 
@@ -222,6 +225,8 @@ class RayJob:
         #: whether the child's tree was confirmed gone (``None`` while it runs)
         self.tree_gone: bool | None = None
         self._submitted = time.monotonic()
+        #: the task info's ``sandbox`` entry when a sandbox was asked for and not enforced
+        self.sandbox_note: dict[str, Any] | None = None
         self._ended: float | None = None
         self._cpu = 0.0
         self._rss = 0
@@ -287,11 +292,14 @@ class RayJob:
     def info(self) -> Mapping[str, Any]:
         """``{"node_id": ...}`` once the child runs; while Ray has not started it for more
         than ``WAITING_AFTER`` seconds, ``{"waiting": ...}`` says so."""
+        info: dict[str, Any] = {}
+        if self.sandbox_note is not None:
+            info["sandbox"] = self.sandbox_note
         if self.node_id is not None:
-            return {"node_id": self.node_id}
-        if not self.done() and time.monotonic() - self._submitted > WAITING_AFTER:
-            return {"waiting": "waiting for Ray to schedule it (a worker and its resources)"}
-        return {}
+            info["node_id"] = self.node_id
+        elif not self.done() and time.monotonic() - self._submitted > WAITING_AFTER:
+            info["waiting"] = "waiting for Ray to schedule it (a worker and its resources)"
+        return info
 
     # -- events -----------------------------------------------------------------------------
 
@@ -697,11 +705,21 @@ class RayRunner:
 
     # -- submitting -------------------------------------------------------------------------
 
-    async def submit(self, spec: ChildSpec, *, limits: ProcessLimits | None = None) -> RayJob:
+    async def submit(
+        self,
+        spec: ChildSpec,
+        *,
+        limits: ProcessLimits | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> RayJob | RefusedJob:
         """Start one subagent child (``run_child(spec)``) as a Ray task and return its job.
 
         ``limits`` (the extension's or the definition's) or the runner's own apply; the
         definition's ``placement`` entry, if any, chooses CPUs and resources.
+
+        Ray nodes do not enforce sandboxes yet: a child with a required ``sandbox`` fails at
+        once with ``SandboxUnavailable`` (nothing is sent to the cluster); one with
+        ``Sandbox(required=False)`` runs unconfined, and its task info says so.
 
         Raises:
             TypeError: the spec cannot be shipped to Ray (the message names the part).
@@ -717,9 +735,21 @@ class RayRunner:
                 "model's key on its node). Run this child on ProcessRunner, or give it a "
                 "model it may hold"
             )
+        note = None
+        if sandbox is not None:
+            reason = (
+                "the Ray runner does not enforce sandboxes yet; run sandboxed children with "
+                "ProcessRunner (the default)"
+            )
+            if sandbox.required:
+                error = SandboxUnavailable(
+                    reason + ", or pass Sandbox(required=False)", ("runner",)
+                )
+                return RefusedJob(error, {"sandbox": unenforced(reason, refused=True)})
+            note = unenforced(reason, refused=False)
         options = self.placement.get(spec.definition.name, {})
         try:
-            return await self._submit(
+            job = await self._submit(
                 run_child,
                 (spec,),
                 {},
@@ -736,6 +766,8 @@ class RayRunner:
                 "and event loops out of what the definition holds, or define the class in an "
                 "importable module"
             ) from exc
+        job.sandbox_note = note
+        return job
 
     async def submit_function(
         self,

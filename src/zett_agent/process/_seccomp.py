@@ -1,0 +1,266 @@
+"""A seccomp filter for sandboxed jobs, built with libseccomp through ctypes.
+
+Everything is allowed except what lets a process reach past its sandbox, which fails with
+``EPERM`` (not a kill, so a denied call is a clear ``PermissionError`` in the job):
+
+- other processes' memory and execution: ``ptrace``, ``process_vm_readv``/``writev``,
+  ``pidfd_getfd``;
+- kernel attack surface a job does not need: ``io_uring_*`` (which also performs socket and
+  file operations out of this filter's sight), ``bpf``, ``perf_event_open``, ``userfaultfd``,
+  the keyring (``add_key``, ``request_key``, ``keyctl``);
+- the file system namespace: ``mount``, ``umount2``, ``pivot_root``, the new mount API
+  (``move_mount``, ``open_tree``, ``fsopen``, ``fsmount``, ``fsconfig``, ``fspick``,
+  ``mount_setattr``), ``open_by_handle_at`` (opens a file by handle, past path-based rules);
+- namespaces: ``setns``, and ``unshare`` and ``clone`` with any ``CLONE_NEW*`` flag. ``clone3``
+  takes its flags in a struct, which seccomp cannot read, so it fails with ``ENOSYS``: libc then
+  falls back to ``clone``, whose flags are an argument;
+- the machine: module loading, ``kexec_load``/``kexec_file_load``, ``reboot``, ``swapon``/
+  ``swapoff``, ``acct``;
+- the terminal it inherited: ``ioctl`` ``TIOCSTI`` (pushing input into the host's terminal, run
+  by its shell later) and ``TIOCLINUX`` (the same on a virtual console). Landlock's ioctl rights
+  cover only files opened inside the sandbox, not the stdout and stderr a job inherits;
+- with ``network="none"``: creating any socket (``socket``, every family: a pathname UNIX socket
+  such as a container daemon's is a way out of the sandbox, and Landlock controls connecting to
+  one only from ABI 9 on), and ``socketpair`` except for connected ``AF_UNIX`` stream and
+  seqpacket pairs (asyncio's event loop needs one; a datagram pair could ``sendto`` any path).
+
+System calls are resolved by name, so the filter is right on every architecture libseccomp
+knows; calls of another architecture (32-bit ``int 0x80`` on x86_64) kill the process, as
+libseccomp does by default. The filter is compiled once per process and kept as BPF, so loading
+it in a worker is one ``prctl``
+(the host compiles it and sends it with the job: a worker never loads libseccomp).
+
+Imported by the launcher and the workers, so it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import os
+import platform
+
+__all__ = ["available", "load", "prepare", "program"]
+
+_SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_NE = 1
+_SCMP_CMP_MASKED_EQ = 7
+_PR_GET_SECCOMP = 21
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
+#: the kernel reads an ioctl's request as 32 bits: compare those only, or high bits get past
+_IOCTL_MASK = 0xFFFFFFFF
+_AF_UNIX = 1
+_SOCK_DGRAM = 2
+_SOCK_TYPE_MASK = 0xF
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_NAMESPACE_FLAGS = (
+    _CLONE_NEWNS,
+    _CLONE_NEWCGROUP,
+    _CLONE_NEWUTS,
+    _CLONE_NEWIPC,
+    _CLONE_NEWUSER,
+    _CLONE_NEWPID,
+    _CLONE_NEWNET,
+)
+
+#: denied with EPERM whatever their arguments
+DENIED = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "add_key",
+    "request_key",
+    "keyctl",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "open_by_handle_at",
+    "setns",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+)
+
+
+def _action_errno(code: int) -> int:
+    return 0x00050000 | (code & 0xFFFF)
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = (
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    )
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+_lib: ctypes.CDLL | None = None
+_lib_problem: str | None = None
+_lib_tried = False
+
+
+def _library() -> ctypes.CDLL | None:
+    """libseccomp, loaded on first use: a worker only loads a filter the host compiled, and
+    never needs the library."""
+    global _lib, _lib_problem, _lib_tried
+    if _lib_tried:
+        return _lib
+    _lib_tried = True
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    except OSError:
+        _lib_problem = (
+            "libseccomp.so.2 is not installed (install the libseccomp2 package, or libseccomp "
+            "on Fedora and Arch)"
+        )
+        return None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgCmp),
+    ]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    _lib = lib
+    return lib
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+_programs: dict[bool, bytes] = {}
+_kernel_problem: str | bool | None = False  # False: not looked at yet
+
+
+def available() -> tuple[bool, str | None]:
+    """``(True, None)`` when a filter can be loaded here, else ``(False, why not)``."""
+    global _kernel_problem
+    if _library() is None:
+        return False, _lib_problem
+    if _kernel_problem is False:
+        if _prctl(_PR_GET_SECCOMP, 0, None, 0, 0) < 0:
+            _kernel_problem = (
+                "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER=y is needed)"
+            )
+        else:
+            _kernel_problem = None
+    return _kernel_problem is None, _kernel_problem if isinstance(_kernel_problem, str) else None
+
+
+def _clone_flags_arg() -> int:
+    # clone(flags, stack, ...) on almost every architecture; s390 swaps the first two
+    return 1 if platform.machine().startswith("s390") else 0
+
+
+def program(network_none: bool) -> bytes:
+    """The filter as raw BPF (``struct sock_filter`` array), compiled once per process.
+
+    Raises ``OSError`` when libseccomp is missing or refuses a rule.
+    """
+    cached = _programs.get(network_none)
+    if cached is not None:
+        return cached
+    lib = _library()
+    if lib is None:
+        raise OSError(_errno.ENOSYS, _lib_problem)
+    ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError(_errno.ENOMEM, "seccomp_init failed")
+    eperm = _action_errno(_errno.EPERM)
+
+    def rule(name: str, action: int, *compare: tuple[int, int, int, int]) -> None:
+        number = lib.seccomp_syscall_resolve_name(name.encode())
+        if number < 0:
+            return  # no such call on this architecture: nothing to deny
+        array = (_ArgCmp * max(1, len(compare)))(*(_ArgCmp(*c) for c in compare))
+        code = lib.seccomp_rule_add_array(ctx, action, number, len(compare), array)
+        if code < 0:
+            raise OSError(-code, f"seccomp_rule_add({name}): {os.strerror(-code)}")
+
+    try:
+        for name in DENIED:
+            rule(name, eperm)
+        rule("clone3", _action_errno(_errno.ENOSYS))
+        for request in (_TIOCSTI, _TIOCLINUX):
+            rule("ioctl", eperm, (1, _SCMP_CMP_MASKED_EQ, _IOCTL_MASK, request))
+        flags_arg = _clone_flags_arg()
+        for flag in _NAMESPACE_FLAGS:
+            rule("clone", eperm, (flags_arg, _SCMP_CMP_MASKED_EQ, flag, flag))
+            rule("unshare", eperm, (0, _SCMP_CMP_MASKED_EQ, flag, flag))
+        if network_none:
+            rule("socket", eperm)
+            rule("socketpair", eperm, (0, _SCMP_CMP_NE, _AF_UNIX, 0))
+            rule("socketpair", eperm, (1, _SCMP_CMP_MASKED_EQ, _SOCK_TYPE_MASK, _SOCK_DGRAM))
+        fd = os.memfd_create("zett-agent-seccomp", os.MFD_CLOEXEC)
+        try:
+            code = lib.seccomp_export_bpf(ctx, fd)
+            if code < 0:
+                raise OSError(-code, f"seccomp_export_bpf: {os.strerror(-code)}")
+            size = os.lseek(fd, 0, os.SEEK_CUR)
+            data = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+    finally:
+        lib.seccomp_release(ctx)
+    if not data or len(data) % 8:
+        raise OSError(_errno.EINVAL, "libseccomp exported a malformed filter")
+    _programs[network_none] = data
+    return data
+
+
+def prepare(data: bytes) -> tuple[ctypes.Array[ctypes.c_char], _SockFprog]:
+    """The buffer and the ``sock_fprog`` that ``load`` hands to the kernel."""
+    buffer = ctypes.create_string_buffer(data, len(data))
+    return buffer, _SockFprog(len(data) // 8, ctypes.addressof(buffer))
+
+
+def load(data: bytes) -> None:
+    """Install the filter ``data`` (from ``program``) on this thread and what it starts.
+    Needs ``no_new_privs`` (or ``CAP_SYS_ADMIN``); raises ``OSError`` when refused."""
+    _buffer, fprog = prepare(data)
+    if _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_SECCOMP): {os.strerror(code)}")
