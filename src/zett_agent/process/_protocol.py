@@ -4,7 +4,10 @@ A frame is a 4-byte big-endian length followed by that many payload bytes. Paren
 the payload is one flag byte plus a cloudpickle'd job. Worker to parent, a frame is either a
 *JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text frame* (raw UTF-8, at most
 ``TEXT_SLICE`` bytes) that a JSON frame announced. The parent only ever ``json`` -decodes or
-UTF-8-decodes what a worker wrote; anything else is a protocol violation.
+UTF-8-decodes what a worker wrote; anything else is a protocol violation. What it decodes is
+valid Unicode: a lone surrogate (``"\\ud800"`` in JSON, or its three bytes in a text frame),
+which the parent could hold but never encode to UTF-8 again (a model request holding it would
+fail), is a protocol violation too.
 
 Every frame is small on purpose: decoding one costs the parent's event loop about a
 millisecond at most, whatever it holds, and the parent counts what each decodes into against a
@@ -29,6 +32,7 @@ This module is imported by the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import threading
@@ -40,10 +44,13 @@ __all__ = [
     "FLAG_LAST",
     "HEADER",
     "MAX_DEPTH",
+    "SURROGATE",
+    "SURROGATE_ESCAPE",
     "TEXT_SLICE",
     "FrameDecoder",
     "FrameError",
     "decode_json",
+    "lone_surrogate",
 ]
 
 HEADER = struct.Struct(">I")
@@ -189,4 +196,53 @@ def decode_json(frame: bytes | bytearray, limit: int = CHUNK) -> dict[str, Any]:
         raise FrameError(f"a frame is not valid JSON (extra data at character {end})")
     if not isinstance(message, dict) or not isinstance(message.get("k"), str):
         raise FrameError(f"a frame is not a message object ({type(message).__name__})")
+    # strict UTF-8 let no surrogate through as bytes; JSON can still write one as an escape
+    if b"\\" in frame and SURROGATE_ESCAPE.search(frame) is not None:
+        found = lone_surrogate(message)
+        if found is not None:
+            raise FrameError(
+                f"a frame holds a lone surrogate (U+{ord(found):04X}), which is not valid "
+                "Unicode text"
+            )
     return message
+
+
+#: a JSON escape of a surrogate code point, the only way one gets past strict UTF-8. Escapes
+#: of a valid pair match too (an emoji escaped as ``\ud83d\ude00``, which decodes into one
+#: character): a match only means the decoded strings must be looked at. A frame without
+#: a backslash (one ``memchr``) is not searched at all.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+#: a surrogate code point in a ``str``: never part of a pair there (a decoded pair is one
+#: character above U+FFFF), so always one that UTF-8 cannot encode
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in the strings (and dict keys) of JSON data ``value``, or
+    ``None`` (tuples and subclasses count as what they derive from, as in the worker).
+
+    Iterative (no recursion limit). The strings of a container are looked at joined, at C
+    speed, when they all are strings; ASCII strings are skipped in constant time.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-32-le")  # refuses a surrogate, at about memcpy speed
+                except UnicodeEncodeError as exc:
+                    return str(item[exc.start])
+            continue
+        if isinstance(item, dict):
+            members: Any = item.values()
+            stack.append("".join(item))  # keys are strings: decoded JSON, or checked ones
+        elif isinstance(item, list | tuple):
+            members = item
+        else:
+            continue
+        try:
+            stack.append("".join(members))
+        except TypeError:  # not only strings: each member on its own
+            stack.extend(members)
+    return None
