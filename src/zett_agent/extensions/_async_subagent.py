@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._messages import AgentMessage
+from zett_agent._text import valid_text
 from zett_agent.extensions._definition import SubAgentDefinition
 from zett_agent.extensions._runner import failure_reason, report_content
 from zett_agent.extensions._subagent import ChildAgentExtension, short_repr, start_schema
@@ -557,12 +558,13 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             session.mark_read(task.task_id)
 
     def _render_notice(self, task: SubAgentTask) -> str | None:
-        """The notice of a task forgotten while its notice was owed (written right then)."""
+        """``completion_notice(task)`` as valid Unicode; ``None`` (logged) if it raised."""
         try:
-            return self.completion_notice(task)
+            text = self.completion_notice(task)
         except Exception:
             log.exception("completion_notice(%s) raised; notice skipped", task.task_id)
             return None
+        return None if text is None else valid_text(str(text))
 
     def _announce(self, context: AgentRunContext) -> None:
         session = self._sessions.get(context.session_id)
@@ -585,4 +587,6 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """A tool's result: JSON, as valid Unicode whatever an override of ``task_info`` or a
+    runner's ``info()`` put into it."""
+    return valid_text(json.dumps(value, ensure_ascii=False))

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from zett_agent._text import valid_text
+
 if TYPE_CHECKING:
     from zett_agent.runners._base import ChildJob
 
@@ -138,7 +140,7 @@ class SubAgentTask:
             names = event.get("tool_calls")
             if isinstance(names, list) and names:
                 self.tool_calls += len(names)
-                self.last_tool = str(names[-1])[:100]
+                self.last_tool = valid_text(str(names[-1])[:100])
             self.input_tokens += _int(event.get("input_tokens"))
             self.output_tokens += _int(event.get("output_tokens"))
         elif kind == "progress":
