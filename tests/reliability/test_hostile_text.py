@@ -284,7 +284,7 @@ async def test_a_child_with_a_lone_surrogate_never_fails_the_parents_request(kin
         )
         async with client, asyncio.timeout(GUARD):
             answer = await client.run("go")
-        tasks = extension.tasks("s")
+            tasks = extension.tasks("s")  # before the client closes: that releases them
     assert answer.content == "went on"  # every request of the parent was sent
     assert len(model.requests) == 4
     done, broken, *rest = tasks
@@ -436,7 +436,7 @@ async def test_the_extension_cleans_what_any_runner_delivers() -> None:
         )
         async with client, asyncio.timeout(GUARD):
             assert (await client.run("go")).content == "went on"
-        done, broken = extension.tasks("s")
+            done, broken = extension.tasks("s")  # before the client closes: that releases them
     # the task records hold valid text too (an application serves them as JSON)
     assert done.output == f"raw {REPLACED}" and done.last_tool == f"tool{REPLACED}"
     assert broken.error == f"the child agent raised Boom{REPLACED}: failed {REPLACED}"
