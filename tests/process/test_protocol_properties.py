@@ -433,6 +433,10 @@ def test_json_escapes_of_lone_surrogates_are_refused_and_pairs_accepted(
         '{"k":"event","v":{"%s":1}}',
         '{"k":"items","v":["a","%s"]}',
         '{"k":"error","type":"T","message":"%s","traceback":"","u":{"cpu":0,"maxrss":0}}',
+        # many values: looked at through a search of the bytes, then the whole value
+        '{"k":"items","v":[' + "1," * 100 + '"%s"]}',
+        '{"k":"items","v":[' + '{"i":1},' * 100 + '{"s":["%s"]}]}',
+        '{"k":"fields","v":{' + "".join(f'"f{i}":{i},' for i in range(100)) + '"%s":1}}',
     ):
         frame = (template % escape).encode()
         if lone:
@@ -522,3 +526,20 @@ def test_an_exception_with_a_lone_surrogate_reaches_the_parent_escaped() -> None
     assert without_surrogates("plain") == "plain"
     assert without_surrogates("caf\xe9 \U0001f600") == "caf\xe9 \U0001f600"
     assert without_surrogates("bad \ud800 text") == "bad \\ud800 text"
+
+
+def test_the_width_test_never_skips_a_string_that_may_hold_a_surrogate() -> None:
+    from zett_agent.process._protocol import _narrow, surrogate_in
+
+    assert _narrow("caf\xe9") and _narrow("\xff" * 100) and _narrow("\xe9")
+    for wide in ("\u0100", "a\u4e2d", "\U0001f600 x", "x\ud800"):
+        assert not _narrow(wide)
+    cached = "caf\xe9 " * 10
+    import ctypes
+
+    ctypes.pythonapi.PyUnicode_AsUTF8.restype = ctypes.c_char_p
+    ctypes.pythonapi.PyUnicode_AsUTF8.argtypes = [ctypes.py_object]
+    ctypes.pythonapi.PyUnicode_AsUTF8(cached)  # a cached UTF-8 copy: looks wider, is scanned
+    assert surrogate_in(cached) is None
+    assert surrogate_in("caf\xe9 \ud800") == "\ud800"
+    assert surrogate_in("\U0001f600" * 3 + "\udfff") == "\udfff"

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._protocol import CHUNK, MAX_DEPTH, SURROGATE, SURROGATE_ESCAPE, TEXT_SLICE, lone_surrogate
+from ._protocol import CHUNK, MAX_DEPTH, SURROGATE, TEXT_SLICE, lone_surrogate, surrogate_in
 
 __all__ = ["Encoder", "check_value", "without_surrogates"]
 
@@ -124,7 +124,7 @@ def _bad_text(node: Any, depth: int) -> str | None:
 
 
 def _surrogate_in(text: Any) -> re.Match[str] | None:
-    if not isinstance(text, str) or text.isascii():
+    if not isinstance(text, str) or surrogate_in(text) is None:
         return None
     return SURROGATE.search(text)
 
@@ -132,7 +132,7 @@ def _surrogate_in(text: Any) -> re.Match[str] | None:
 def without_surrogates(text: str) -> str:
     """``text`` with each lone surrogate written as its escape (``"\\ud800"``), for texts
     that must reach the parent whatever they hold (an exception's message)."""
-    if text.isascii() or SURROGATE.search(text) is None:
+    if surrogate_in(text) is None:
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -262,14 +262,9 @@ class Encoder:
 
     def _check_text(self, payload: bytes, data: Any) -> None:
         """Refuse ``payload``, the JSON of ``data``, if ``data`` holds a lone surrogate (JSON
-        escapes it as ``\\ud800``; the parent refuses it). The same cheap test as the
-        parent's first, then ``data`` itself, then the path in the whole value, for the
-        message (only when there is one to report)."""
-        if (
-            b"\\" in payload
-            and SURROGATE_ESCAPE.search(payload) is not None
-            and lone_surrogate(data) is not None
-        ):
+        escapes it as ``\\ud800``; the parent refuses it): the parent's own check, then,
+        only to report one, the walk that finds its path in the whole value."""
+        if lone_surrogate(payload, data) is not None:
             raise _find(self._root, _bad_text)
 
     # -- values -----------------------------------------------------------------------------
