@@ -381,8 +381,12 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             job = await self._runner.submit(spec, limits=self._limits(definition))
             if self._closing or session.released:  # closing began while the runner started
                 await job.cancel()
-                what = "AsyncSubAgentExtension" if self._closing else "this session"
-                raise RuntimeError(f"{what} was closed meanwhile; the task did not start")
+                what = (
+                    "AsyncSubAgentExtension was closed"
+                    if self._closing
+                    else "this session was released (the agent that ran it was closed)"
+                )
+                raise RuntimeError(f"{what} while the task started; it did not start")
             task.job = job
             session.add(task)
         finally:
