@@ -306,13 +306,27 @@ class Agent:
 
         Requests awaited by callers of ``run`` are not cancelled (cancel those callers).
         Afterwards ``run``, ``compact``, ``steer`` and ``publish`` raise ``AgentClosedError``.
+        Then each extension is told which sessions this agent ran, once, so it can release
+        what it keeps for them (``AsyncSubAgentExtension`` cancels their background tasks and
+        forgets them, unless another open agent uses the session too); an extension's error
+        there is logged. If the caller is cancelled meanwhile, what was not released yet stays
+        (the extension's own ``close()`` still ends everything).
         """
+        first = not self._closed
         self._closed = True
         while self._background:
             tasks = set(self._background)
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+        if not first:
+            return
+        sessions = frozenset(self._sessions)
+        for ext in self._extensions:
+            try:
+                await ext._agent_closed(self, sessions)
+            except Exception:
+                logger.exception("%s could not release the sessions of a closed agent", ext.name)
 
     async def __aenter__(self) -> Agent:
         return self

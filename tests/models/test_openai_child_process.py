@@ -78,7 +78,7 @@ async def test_child_process_streams_from_the_endpoint_and_uses_a_tool() -> None
             )
             async with client, asyncio.timeout(HANG_GUARD):
                 answer = await client.run("go")
-            [task] = extension.tasks("parent")
+                [task] = extension.tasks("parent")  # closing the client releases it
 
     assert answer.content == "Hello"
     assert task.status is SubAgentTaskStatus.COMPLETED

@@ -13,6 +13,7 @@ import pytest
 
 import zett_agent.process as process
 from zett_agent.process import (
+    JobFailed,
     JobStatus,
     PoolClosed,
     ProcessError,
@@ -223,10 +224,20 @@ async def test_large_ascii_results_of_every_slice_boundary_round_trip() -> None:
                 assert await pool.submit(_jobs.ascii_text, n, fill) == _jobs.ascii_text(n, fill)
 
 
-async def test_large_text_with_lone_surrogates_falls_back_to_json() -> None:
+async def test_a_text_with_a_lone_surrogate_is_refused_in_the_worker() -> None:
+    # not valid Unicode: the parent could never encode it again, so the worker does not send
+    # it (in one frame or as raw text) and says where it is
     async with ProcessPool(1) as pool:
         async with asyncio.timeout(GUARD):
-            assert await pool.submit(_jobs.surrogate_text, 100_000) == _jobs.surrogate_text(100_000)
+            for n in (10, 100_000):
+                with pytest.raises(JobFailed) as failed:
+                    await pool.submit(_jobs.surrogate_text, n)
+                assert failed.value.type_name == "TypeError"
+                assert (
+                    f"at the value itself: a str holding a lone surrogate ('\\ud800' at index {n})"
+                    in failed.value.message
+                )
+            assert await pool.submit(len, "next") == 4
 
 
 async def test_a_spare_that_took_a_job_is_replaced() -> None:

@@ -1,6 +1,6 @@
 """Property tests of the child-to-parent wire: whatever a child writes, the parent either gets
-back exactly what was sent, or a ``FrameError`` naming what was wrong; and what it holds while
-decoding stays within the bound it counts."""
+back exactly what was sent, as valid Unicode, or a ``FrameError`` naming what was wrong; and
+what it holds while decoding stays within the bound it counts."""
 
 from __future__ import annotations
 
@@ -65,21 +65,24 @@ def test_any_bytes_give_frames_within_the_cap_or_a_frame_error(data: bytes) -> N
 
 # -- whole values through the encoder and the assembler ----------------------------------------
 
+#: characters of valid Unicode text (what may travel): everything but the surrogates
+unicode = st.characters(codec="utf-8")
+
 json_scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=40)
-    # long strings, ASCII and not, lone surrogates included: these go as text frames
-    | st.text(min_size=60, max_size=400)
-    | st.text(alphabet=st.characters(codec="utf-8"), min_size=60, max_size=400)
-    | st.text(alphabet="ab\udc80\U0001f600", min_size=60, max_size=200)
+    | st.text(alphabet=unicode, max_size=40)
+    # long strings, ASCII and not: these go as text frames
+    | st.text(alphabet=unicode, min_size=60, max_size=400)
+    | st.text(alphabet="ab\xe9\u4e2d\U0001f600\\", min_size=60, max_size=200)
 )
 json_values = st.recursive(
     json_scalars,
     lambda inner: (
-        st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=8), inner, max_size=12)
+        st.lists(inner, max_size=12)
+        | st.dictionaries(st.text(alphabet=unicode, max_size=8), inner, max_size=12)
     ),
     max_leaves=80,
 )
@@ -266,3 +269,277 @@ def test_the_width_of_a_string_is_its_storage_width() -> None:
         ("x\U0010ffff", 4),
     ]:
         assert _strbuild.width(text) == expected, text
+
+
+# -- text that is not valid Unicode --------------------------------------------------------------
+
+
+def valid_unicode(value: Any) -> bool:
+    """Whether every string of ``value`` (keys included) encodes to UTF-8, as a model request
+    that holds it must."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def feed_all(frames: list[bytes], **options: int) -> list[Any]:
+    assembler = Assembler(1 << 20, **options)
+    return [m.value for frame in frames if (m := assembler.feed(frame)) is not None]
+
+
+#: what a hostile child may put into a JSON string: escapes of surrogates (lone, paired, in
+#: either case, split by an escaped backslash), other escapes, raw UTF-8 (a surrogate's three
+#: bytes included, which strict UTF-8 refuses)
+string_pieces = st.sampled_from(
+    [
+        b"\\ud800",
+        b"\\uDBFF",
+        b"\\udc00",
+        b"\\uDFFF",
+        b"\\ud83d\\ude00",
+        b"\\uD83D\\uDE00",
+        b"\\ud83d\\\\ude00",
+        b"\\\\ud800",
+        b"\\\\\\ud800",
+        b"\\u00e9",
+        b"\\u4e2d",
+        b"\\n",
+        b"\\\\",
+        b"\\/",
+        b"\\u",
+        "\xe9\U0001f600".encode(),
+        b"\xed\xa0\x80",
+        b"\xff",
+        b"plain",
+        b"ud800",
+    ]
+)
+hostile_strings = st.lists(string_pieces, max_size=8).map(
+    lambda parts: b'"' + b"".join(parts) + b'"'
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    strings=st.lists(hostile_strings, min_size=1, max_size=4),
+    shape=st.sampled_from(["event", "list", "key", "val", "items", "fields", "error"]),
+)
+def test_any_json_frame_decodes_into_valid_unicode_or_a_frame_error(
+    strings: list[bytes], shape: str
+) -> None:
+    first, rest = strings[0], b",".join(strings)
+    usage = b'"u":{"cpu":0,"maxrss":0}'
+    frames = {
+        "event": [b'{"k":"event","v":' + first + b"}"],
+        "list": [b'{"k":"result","v":[' + rest + b"]," + usage + b"}"],
+        "key": [b'{"k":"event","v":{' + first + b":1}}"],
+        "val": [b'{"k":"begin","m":"event"}', b'{"k":"val","v":[' + rest + b"]}", b'{"k":"end"}'],
+        "items": [
+            b'{"k":"begin","m":"event"}',
+            b'{"k":"open","t":"list"}',
+            b'{"k":"items","v":[' + rest + b"]}",
+            b'{"k":"close"}',
+            b'{"k":"end"}',
+        ],
+        "fields": [
+            b'{"k":"begin","m":"event"}',
+            b'{"k":"open","t":"dict"}',
+            b'{"k":"key","v":' + first + b"}",
+            b'{"k":"val","v":1}',
+            b'{"k":"fields","v":{"a":' + first + b"}}",
+            b'{"k":"close"}',
+            b'{"k":"end"}',
+        ],
+        "error": [
+            b'{"k":"error","type":' + first + b',"message":"m","traceback":"t",' + usage + b"}"
+        ],
+    }[shape]
+    try:
+        values = feed_all(frames)
+    except FrameError as exc:
+        assert "UTF-8" in str(exc) or "surrogate" in str(exc) or "JSON" in str(exc), exc
+        return
+    for frame in frames:
+        decode_json(frame)  # each frame on its own decodes too
+    assert all(valid_unicode(value) for value in values)
+    if shape == "error":
+        assembler = Assembler(1 << 20)
+        message = assembler.feed(frames[0])
+        assert message is not None and message.error is not None
+        assert valid_unicode(list(message.error))
+
+
+@pytest.mark.parametrize("builder", [True, False], ids=["built-in-place", "joined"])
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=24) | st.lists(string_pieces, max_size=6).map(b"".join))
+def test_any_text_frame_decodes_into_valid_unicode_or_a_frame_error(
+    builder: bool, data: bytes
+) -> None:
+    # whatever the announcement, the bytes of a text frame are strict UTF-8 or refused
+    text = str(data, "utf-8", "surrogatepass") if _decodes(data) else ""
+    length = len(text) if text else len(data)
+    width = 1 if not text or text.isascii() else _strbuild.width(text)
+    saved = _strbuild.available
+    _strbuild.available = builder and saved
+    try:
+        announce = json.dumps(
+            {"k": "text", "n": len(data), "c": length, "w": width, "a": not text or text.isascii()}
+        ).encode()
+        values = feed_all([b'{"k":"begin","m":"event"}', announce, data, b'{"k":"end"}'])
+    except FrameError as exc:
+        if _decodes(data) and not _decodes(data, strict=True):
+            # valid but for a surrogate's bytes: named as such
+            assert "lone surrogate" in str(exc), exc
+        return
+    finally:
+        _strbuild.available = saved
+    assert values == [text]
+    assert valid_unicode(values)
+
+
+def _decodes(data: bytes, *, strict: bool = False) -> bool:
+    try:
+        str(data, "utf-8", "strict" if strict else "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("escape", "lone"),
+    [
+        ("\\ud800", True),
+        ("\\uDFFF", True),
+        ("\\ud83d", True),  # a high surrogate not followed by a low one
+        ("\\ud83d x", True),
+        ("\\ud83d\\ud83d\\ude00", True),  # the first high one is alone
+        ("\\ude00\\ud83d", True),  # a low one before a high one: both alone
+        ("\\ud83d\\\\ude00", True),  # an escaped backslash between: no pair
+        ("\\\\\\ud800", True),  # an escaped backslash, then the escape
+        ("\\ud83d\\ude00", False),  # a valid pair: one emoji
+        ("\\uD83D\\uDE00", False),
+        ("\\udbff\\udfff", False),  # U+10FFFF
+        ("\\\\ud800", False),  # an escaped backslash and the text "ud800"
+        ("\\u00e9\\u4e2d\\n", False),
+    ],
+)
+def test_json_escapes_of_lone_surrogates_are_refused_and_pairs_accepted(
+    escape: str, lone: bool
+) -> None:
+    for template in (
+        '{"k":"event","v":"%s"}',
+        '{"k":"event","v":{"%s":1}}',
+        '{"k":"items","v":["a","%s"]}',
+        '{"k":"error","type":"T","message":"%s","traceback":"","u":{"cpu":0,"maxrss":0}}',
+        # many values: looked at through a search of the bytes, then the whole value
+        '{"k":"items","v":[' + "1," * 100 + '"%s"]}',
+        '{"k":"items","v":[' + '{"i":1},' * 100 + '{"s":["%s"]}]}',
+        '{"k":"fields","v":{' + "".join(f'"f{i}":{i},' for i in range(100)) + '"%s":1}}',
+    ):
+        frame = (template % escape).encode()
+        if lone:
+            with pytest.raises(FrameError, match="lone surrogate"):
+                decode_json(frame)
+        else:
+            assert valid_unicode(decode_json(frame))
+
+
+@pytest.mark.parametrize("builder", [True, False], ids=["built-in-place", "joined"])
+def test_a_text_frame_with_a_lone_surrogate_is_refused_naming_it(
+    builder: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_strbuild, "available", builder and _strbuild.available)
+    begin = b'{"k":"begin","m":"event"}'
+    # the announcement fits the text (three bytes, one character of width 2): only its bytes
+    # are wrong
+    with pytest.raises(FrameError, match=r"lone surrogate \(U\+D800 at byte 1\)"):
+        feed_all([begin, b'{"k":"text","n":4,"c":2,"w":2,"a":false}', b"a\xed\xa0\x80"])
+    with pytest.raises(FrameError, match="not valid UTF-8"):
+        feed_all([begin, b'{"k":"text","n":2,"c":2,"w":1,"a":false}', b"\xc3("])
+
+
+#: strings holding a lone surrogate somewhere (and valid text around it)
+bad_strings = st.builds(
+    lambda before, lone, after: before + lone + after,
+    st.text(alphabet=unicode, max_size=30),
+    st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"]),
+    # long ones travel as text frames when streamed (with SMALL sizes)
+    st.text(alphabet=unicode, max_size=30) | st.just("x" * 300) | st.just("\u4e2d" * 100),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=json_values,
+    bad=bad_strings,
+    where=st.integers(min_value=0, max_value=50),
+    as_key=st.booleans(),
+    sizes=st.sampled_from([{}, SMALL]),
+)
+def test_a_value_with_a_lone_surrogate_is_refused_in_the_worker_with_its_path(
+    value: Any, bad: str, where: int, as_key: bool, sizes: dict[str, int]
+) -> None:
+    # put the bad string somewhere into the value: as a leaf, or as a dict key
+    holder: Any = {bad: 1} if as_key else [bad]
+    inside: list[Any] = [bad] if as_key else [0]
+    containers = _containers(value)
+    if containers:
+        target, path = containers[where % len(containers)]
+        if isinstance(target, list):
+            at: Any = where % (len(target) + 1)
+            target.insert(at, holder)
+        else:
+            at = f"k{where}"
+            target[at] = holder
+        path = [*path, at, *inside]
+    else:
+        value, path = [value, holder], [1, *inside]
+    frames: list[bytes] = []
+    with pytest.raises(TypeError, match="lone surrogate") as raised:
+        Encoder(frames.append, 1 << 24, **sizes).message("event", value)
+    where_named = "".join(f"[{key!r}]" for key in path)
+    assert str(raised.value).startswith(f"at {where_named}: a "), (str(raised.value), path)
+    # nothing of it reached the parent: a streamed part was aborted
+    assembler = Assembler(1 << 24, chunk=sizes.get("chunk", CHUNK))
+    for frame in frames:
+        assert assembler.feed(frame) is None
+    assert not assembler.busy
+
+
+def _containers(value: Any) -> list[tuple[Any, list[Any]]]:
+    """Every list and dict of ``value``, with its path."""
+    found, stack = [], [(value, [])]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict | list):
+            found.append((item, path))
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((child, [*path, key]) for key, child in pairs)
+    return found
+
+
+def test_an_exception_with_a_lone_surrogate_reaches_the_parent_escaped() -> None:
+    from zett_agent.process._encode import without_surrogates
+
+    assert without_surrogates("plain") == "plain"
+    assert without_surrogates("caf\xe9 \U0001f600") == "caf\xe9 \U0001f600"
+    assert without_surrogates("bad \ud800 text") == "bad \\ud800 text"
+
+
+def test_the_width_test_never_skips_a_string_that_may_hold_a_surrogate() -> None:
+    from zett_agent.process._protocol import _narrow, surrogate_in
+
+    assert _narrow("caf\xe9") and _narrow("\xff" * 100) and _narrow("\xe9")
+    for wide in ("\u0100", "a\u4e2d", "\U0001f600 x", "x\ud800"):
+        assert not _narrow(wide)
+    cached = "caf\xe9 " * 10
+    import ctypes
+
+    ctypes.pythonapi.PyUnicode_AsUTF8.restype = ctypes.c_char_p
+    ctypes.pythonapi.PyUnicode_AsUTF8.argtypes = [ctypes.py_object]
+    ctypes.pythonapi.PyUnicode_AsUTF8(cached)  # a cached UTF-8 copy: looks wider, is scanned
+    assert surrogate_in(cached) is None
+    assert surrogate_in("caf\xe9 \ud800") == "\ud800"
+    assert surrogate_in("\U0001f600" * 3 + "\udfff") == "\udfff"

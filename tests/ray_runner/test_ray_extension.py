@@ -67,7 +67,8 @@ async def run_parent(
     )
     async with asyncio.timeout(BOUND):
         result = await client.run("go")
-    await client.close()
+    # the client stays open: closing it would release the session's tasks (the tests go on
+    # with them); the extension's close() ends whatever still runs
     return result.content, model
 
 

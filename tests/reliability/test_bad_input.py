@@ -117,7 +117,7 @@ async def test_every_bad_call_fails_clearly_and_the_request_goes_on(batched: boo
         )
         async with client, asyncio.timeout(HANG_GUARD):
             answer = await client.run("go")
-        retained = extension.tasks("parent")
+            retained = extension.tasks("parent")  # closing the client releases them
     assert answer.content == "recovered"
     assert [(t.task_id, t.status) for t in retained] == [("task-2", SubAgentTaskStatus.COMPLETED)]
 

@@ -189,7 +189,7 @@ async def test_a_child_agent_writing_a_pickle_fails_its_task_only(tmp_path: Path
         )
         async with client, asyncio.timeout(GUARD):
             answer = await client.run("go")
-        evil, good = extension.tasks("s")
+            evil, good = extension.tasks("s")  # closing the client releases them
     assert answer.content == "went on"
     assert evil.status is SubAgentTaskStatus.FAILED
     assert "invalid data" in (evil.error or ""), evil.error
@@ -331,7 +331,7 @@ async def test_a_child_agent_with_a_huge_report_fails_with_a_reason(containment:
         )
         async with client, asyncio.timeout(GUARD):
             assert (await client.run("go")).content == "went on"
-        [task] = extension.tasks("s")
+            [task] = extension.tasks("s")  # closing the client releases it
     assert task.status is SubAgentTaskStatus.FAILED
     assert "max_frame_bytes" in (task.error or ""), task.error
 

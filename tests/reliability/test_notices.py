@@ -48,7 +48,7 @@ async def test_notices_survive_eviction_between_two_model_calls() -> None:
         )
         async with client, asyncio.timeout(GUARD):
             assert (await client.run("go")).content == "done"
-        retained = [t.task_id for t in extension.tasks("s")]
+            retained = [t.task_id for t in extension.tasks("s")]  # closing releases them
     notices = [m.content for m in model.requests[-1].messages if isinstance(m, AgentMessage)]
     assert sorted(n.split()[2] for n in notices) == ["task-1", "task-2", "task-3"], notices
     # the registry never held more than max_retained finished tasks: the last to finish stays

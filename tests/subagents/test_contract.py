@@ -118,7 +118,9 @@ async def run_parent(
     client = await create_agent(
         model, config=AgentRunConfig(session_id=session_id), extensions=[extension], tools=tools
     )
-    async with client, asyncio.timeout(HANG_GUARD):
+    # the client stays open: closing it would release the session's tasks (the tests go on
+    # with them); the extension's close() ends whatever still runs
+    async with asyncio.timeout(HANG_GUARD):
         await client.run("go")
     return model
 
@@ -569,7 +571,7 @@ async def test_a_forgotten_task_is_announced_once_and_never_as_readable(
         )
         async with client, asyncio.timeout(HANG_GUARD):
             await client.run("go")
-        kept = {t.task_id for t in extension.tasks("parent")}
+            kept = {t.task_id for t in extension.tasks("parent")}
     announced = notices(model.requests[-1])
     assert sorted(n.split()[2] for n in announced) == ["task-1", "task-2", "task-3"]
     assert notices(model.requests[2]) == announced  # all three arrived at once, each once

@@ -355,11 +355,15 @@ async def _run_demo(
                         await asyncio.wait([run])
                 if on_tick is not None:
                     on_tick(extension)
+                # stop what still runs (a timeout), so every task reads how it ended; read them
+                # before the client closes, which releases the session's tasks
+                running = [t for t in extension.tasks(SESSION) if not t.done()]
+                await asyncio.gather(*(extension.cancel(t) for t in running))
+                tasks = [
+                    dict(extension.task_info(t, include_output=True))
+                    for t in extension.tasks(SESSION)
+                ]
             wall = time.perf_counter() - begin
-        # Read after close(): a task the timeout stopped reads cancelled, not running.
-        tasks = [
-            dict(extension.task_info(t, include_output=True)) for t in extension.tasks(SESSION)
-        ]
     finally:
         watch.cancel()
         await asyncio.wait([watch])

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._messages import AgentMessage
+from zett_agent._text import valid_text
 from zett_agent.extensions._definition import SubAgentDefinition
 from zett_agent.extensions._runner import failure_reason, report_content
 from zett_agent.extensions._subagent import ChildAgentExtension, short_repr, start_schema
@@ -24,6 +26,7 @@ from zett_agent.process import JobCancelled, PoolClosed
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
+    from zett_agent._agent import Agent
     from zett_agent._model import ModelRequest
     from zett_agent.agent import AgentRunContext
     from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
@@ -33,6 +36,13 @@ log = logging.getLogger(__name__)
 
 #: Longest ``wait_seconds`` a model may ask ``task_output`` for.
 MAX_WAIT_SECONDS = 600.0
+
+#: why a session's records are gone, as ``get_task`` says it
+_EVICTED = (
+    "it was idle, nothing running or unread, while more than max_sessions={} idle sessions "
+    "were kept"
+)
+_RELEASED = "the agent that ran it was closed"
 
 
 def _task_id_schema() -> dict[str, Any]:
@@ -60,15 +70,31 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     cannot stall or crash the parent, and cancelling a task kills its whole process tree
     before the task reads ``cancelled``.
 
-    Tasks live in memory for the lifetime of this object and are visible only to the session
-    that started them. Up to ``max_concurrent`` tasks per session run at once, each in its own
-    process at once, whatever the number of cores: sessions never wait for each other (the only
-    global bound is the runner's ``max_children`` safety cap, 256 by default; a task waiting
-    on it says so in its info). A finished task is announced once, as an ``AgentMessage``,
-    before the next model call of a running request or when the session's next request starts;
-    a task whose result the model already read (``task_output`` or ``task_cancel`` after it
-    finished) is not announced. Call ``close()`` (or use ``async with``) when the application
-    shuts down.
+    Tasks live in memory and are visible only to the session that started them. Up to
+    ``max_concurrent`` tasks per session run at once, each in its own process at once,
+    whatever the number of cores: sessions never wait for each other (the only global bound is
+    the runner's ``max_children`` safety cap, 256 by default; a task waiting on it says so in
+    its info). A finished task is announced once, as an ``AgentMessage``, before the next model
+    call of a running request or when the session's next request starts; a task whose result
+    the model already read (``task_output`` or ``task_cancel`` after it finished) is not
+    announced. Call ``close()`` (or use ``async with``) when the application shuts down.
+
+    The registry is bounded as a whole, not only per session:
+
+    - **Idle sessions are forgotten** beyond ``max_sessions``, least recently used first (a
+      request of the session, a task started, read or listed counts as a use). Idle means
+      nothing running, nothing starting and no completion notice owed: a session with work in
+      progress or a report the parent was not told about yet is never forgotten. Its task ids
+      then read as forgotten (``get_task`` says why), and the session starts afresh when it
+      starts a task again.
+    - **Closing an agent** (``Agent.close()``, ``AgentClient.close()``, leaving ``async with``)
+      **releases the sessions it ran**: their running tasks are cancelled (each child's whole
+      process tree killed, as ``task_cancel`` does) and their records forgotten, before
+      ``close()`` returns; a request of that agent still running can start no new task. A
+      session that another open agent sharing this extension also ran stays, until the last
+      of them closes. So keep an agent (and its clients) open for as long as its sessions'
+      background work should run: one agent for the application's lifetime, closed at
+      shutdown, as in ``docs/_examples/fastapi_app.py``, not one closed per request.
 
     The extension object never travels to a child: a child receives its definition, its model,
     its session id and its prompt, plus this class and ``child_state()`` when ``_create_child``
@@ -81,6 +107,11 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         max_retained: Finished tasks kept per session, at all times; the oldest finished are
             forgotten first. A task forgotten before its notice was delivered is announced
             with a short form of its report (it can no longer be read with ``task_output``).
+        max_sessions: Idle sessions kept (nothing running or starting, no notice owed), at
+            all times; the least recently used are forgotten first. Sessions with work in
+            progress or a notice owed are always kept, and do not count against it (with
+            ``notify_parent=False`` no notice is owed: a session whose tasks all finished is
+            idle).
         notify_parent: Announce finished tasks to the parent.
         runner: Where children run: a ``zett_agent.runners.ChildRunner``. Default
             ``ProcessRunner()`` (a process per child); ``InProcessRunner()`` runs them as
@@ -111,6 +142,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         *,
         max_concurrent: int = 4,
         max_retained: int = 100,
+        max_sessions: int = 1000,
         notify_parent: bool = True,
         runner: ChildRunner | None = None,
         limits: ProcessLimits | None = None,
@@ -123,6 +155,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         for option, value, least in (
             ("max_concurrent", max_concurrent, 1),
             ("max_retained", max_retained, 0),
+            ("max_sessions", max_sessions, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{option} must be an int, got {value!r}")
@@ -140,17 +173,23 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         )
         self.max_concurrent = max_concurrent
         self.max_retained = max_retained
+        self.max_sessions = max_sessions
         self.notify_parent = notify_parent
 
     def _init_runtime(self) -> None:
         super()._init_runtime()
         self._sessions: dict[str, SessionTasks] = {}
+        #: the idle sessions (forgettable), least recently used first
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        #: sessions whose records were forgotten, with why (the most recent ones)
+        self._forgotten: OrderedDict[str, str] = OrderedDict()
         self._closing = False
 
     # ----------------------------------------------------------------- hooks
 
     async def on_tool(self, context: AgentRunContext) -> None:
         """Register the task tools for this request (and boot the process pool if needed)."""
+        self._use(context.session_id, context.agent)
         self._warm_up(context.model)
         for tool in self.build_tools(context, self.subagents):
             context.register_tool(tool)
@@ -166,8 +205,8 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     # -------------------------------------------------------------- registry
 
     def tasks(self, session_id: str) -> tuple[SubAgentTask, ...]:
-        """Return the tasks one session started, oldest first."""
-        session = self._sessions.get(session_id)
+        """Return the tasks one session started, oldest first (none once it was forgotten)."""
+        session = self._use(session_id)
         return tuple(session.tasks.values()) if session else ()
 
     def get_task(self, session_id: str, task_id: str) -> SubAgentTask:
@@ -175,9 +214,10 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
         Raises:
             ValueError: If the session has no such task. The message lists the known ids (and
-                says so when the task was forgotten because of ``max_retained``).
+                says so when the task was forgotten: because of ``max_retained``, or with its
+                whole session, idle beyond ``max_sessions`` or released when its agent closed).
         """
-        session = self._sessions.get(session_id)
+        session = self._use(session_id)
         if session is not None:
             task = session.tasks.get(task_id)
             if task is not None:
@@ -187,6 +227,13 @@ class AsyncSubAgentExtension(ChildAgentExtension):
                     f"task {task_id!r} finished and was evicted (only the last "
                     f"{self.max_retained} finished tasks are kept); start it again if needed"
                 )
+        why = self._forgotten.get(session_id) if session is None else session.forgotten_before
+        if why is not None:
+            earlier = "this session's" if session is None else "this session's earlier"
+            raise ValueError(
+                f"task {task_id!r} is not known any more: {earlier} task records were "
+                f"forgotten ({why}); start it again if needed"
+            )
         known = ", ".join(self._known_ids(session_id)) or "none"
         raise ValueError(f"unknown task_id {task_id!r}; this session's tasks are: {known}")
 
@@ -198,7 +245,77 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = SessionTasks(self.max_retained)
+            session.forgotten_before = self._forgotten.pop(session_id, None)
         return session
+
+    def _use(self, session_id: str, agent: Agent | None = None) -> SessionTasks | None:
+        """The session's records, marked as just used (and used by ``agent``); ``None`` if it
+        has none. Creates nothing."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            if agent is not None:
+                session.users.add(agent)
+            if session_id in self._idle:
+                self._idle.move_to_end(session_id)
+        return session
+
+    def _refresh(self, session_id: str, session: SessionTasks) -> None:
+        """After a change of what the session runs or owes: file it as idle (most recently
+        used) or not, then forget the least recently used idle sessions beyond
+        ``max_sessions``."""
+        if self._sessions.get(session_id) is not session:
+            return  # forgotten meanwhile
+        if session.idle and not session.released:
+            self._idle[session_id] = None
+            self._idle.move_to_end(session_id)
+        else:
+            self._idle.pop(session_id, None)
+        while len(self._idle) > self.max_sessions:
+            oldest, _ = self._idle.popitem(last=False)
+            self._forget(oldest, _EVICTED.format(self.max_sessions))
+
+    def _forget(self, session_id: str, why: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        self._idle.pop(session_id, None)
+        if session is None:
+            return
+        for task in session.tasks.values():
+            task.evicted = True
+        self._forgotten[session_id] = why
+        self._forgotten.move_to_end(session_id)
+        while len(self._forgotten) > max(self.max_sessions, 1000):
+            self._forgotten.popitem(last=False)
+
+    async def _agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
+        """Release the sessions ``agent`` ran that no other open agent uses: cancel their
+        running tasks (killing each child's tree), wait for them to settle, forget them."""
+        released = []
+        for session_id in session_ids:
+            session = self._sessions.get(session_id)
+            if session is None:
+                continue
+            session.users.discard(agent)
+            if not session.users:
+                released.append(session_id)
+        if released:
+            await asyncio.gather(*(self._release(s) for s in released))
+
+    async def _release(self, session_id: str) -> None:
+        session = self._sessions.get(session_id)
+        if session is None or session.released:
+            return
+        session.released = True  # from here on no task starts in it
+        self._idle.pop(session_id, None)
+        try:
+            await session.no_starts.wait()  # a start in flight cancels its own child
+            running = session.running()
+            if running:
+                await asyncio.gather(*(self.cancel(t) for t in running))
+            watchers = [t.watcher for t in session.tasks.values() if t.watcher is not None]
+            await asyncio.gather(*watchers, return_exceptions=True)
+        finally:
+            if self._sessions.get(session_id) is session:
+                self._forget(session_id, _RELEASED)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -220,13 +337,25 @@ class AsyncSubAgentExtension(ChildAgentExtension):
                 them) or the prompt is empty.
             TypeError: If the definition cannot be shipped to the child (the message names the
                 part that cannot be pickled). Nothing is registered.
-            RuntimeError: If the extension is closed.
+            RuntimeError: If the extension is closed, or the agent of ``context`` is (closing
+                it released the session; see the class docstring).
         """
         if self._closing:
             raise RuntimeError("AsyncSubAgentExtension is closed; no new tasks can start")
+        if getattr(context.agent, "closed", False):
+            raise RuntimeError(
+                "the agent is closed, which released this session's background tasks; no new "
+                "task can start from it (use an open agent)"
+            )
         if not prompt.strip():
             raise ValueError("prompt is empty; give the task the full instructions to work on")
         session = self._session(context.session_id)
+        if session.released:
+            raise RuntimeError(
+                "this session is being released (the agent that ran it was closed); no new "
+                "task can start in it until that is done"
+            )
+        session.users.add(context.agent)
         running = session.running()
         if len(running) + session.starting >= self.max_concurrent:
             listing = ", ".join(
@@ -250,19 +379,29 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             prompt=prompt,
         )
         session.starting += 1  # the slot is taken from here on, across the await below
+        session.no_starts.clear()
+        self._refresh(context.session_id, session)
         try:
             self._warm_up(context.model)
             spec = self._child_spec(
                 context.model, definition, session_id=task.session_id, prompt=prompt
             )
             job = await self._submit(spec, definition)
+            if self._closing or session.released:  # closing began while the runner started
+                await job.cancel()
+                what = (
+                    "AsyncSubAgentExtension was closed"
+                    if self._closing
+                    else "this session was released (the agent that ran it was closed)"
+                )
+                raise RuntimeError(f"{what} while the task started; it did not start")
+            task.job = job
+            session.add(task)
         finally:
             session.starting -= 1
-        if self._closing:  # close() began while the runner was starting
-            await job.cancel()
-            raise RuntimeError("AsyncSubAgentExtension is closed; no new tasks can start")
-        task.job = job
-        session.add(task)
+            if not session.starting:
+                session.no_starts.set()
+            self._refresh(context.session_id, session)
         task.watcher = asyncio.get_running_loop().create_task(
             self._watch(task), name=f"zett-agent-{task_id}"
         )
@@ -305,8 +444,10 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         else:
             task.error = failure_reason(error)
             task.transition(SubAgentTaskStatus.FAILED)
-        session = self._session(task.parent_session_id)
-        session.finish(task, notify=self.notify_parent, render=self._render_notice)
+        session = self._sessions.get(task.parent_session_id)
+        if session is not None and session.tasks.get(task.task_id) is task:
+            session.finish(task, notify=self.notify_parent, render=self._render_notice)
+            self._refresh(task.parent_session_id, session)
 
     def _record_usage(self, task: SubAgentTask) -> None:
         if task.job is None:
@@ -563,20 +704,23 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         session = self._sessions.get(task.parent_session_id)
         if session is not None:
             session.mark_read(task.task_id)
+            self._refresh(task.parent_session_id, session)
 
     def _render_notice(self, task: SubAgentTask) -> str | None:
-        """The notice of a task forgotten while its notice was owed (written right then)."""
+        """``completion_notice(task)`` as valid Unicode; ``None`` (logged) if it raised."""
         try:
-            return self.completion_notice(task)
+            text = self.completion_notice(task)
         except Exception:
             log.exception("completion_notice(%s) raised; notice skipped", task.task_id)
             return None
+        return None if text is None else valid_text(str(text))
 
     def _announce(self, context: AgentRunContext) -> None:
         session = self._sessions.get(context.session_id)
         if session is None or not (session.due or session.dropped_notices):
             return
         due, dropped = session.take_due()
+        self._refresh(context.session_id, session)
         if dropped:
             context.add_message(
                 AgentMessage(
@@ -593,4 +737,6 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """A tool's result: JSON, as valid Unicode whatever an override of ``task_info`` or a
+    runner's ``info()`` put into it."""
+    return valid_text(json.dumps(value, ensure_ascii=False))

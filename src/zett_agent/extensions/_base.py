@@ -12,6 +12,7 @@ from zett_agent._model import ModelEvent, ModelRequest, ModelResponse
 from zett_agent._tools import ToolResult
 
 if TYPE_CHECKING:
+    from zett_agent._agent import Agent
     from zett_agent._context import AgentRunConfig, AgentRunContext
 
 __all__ = ["Extension", "ModelCallNext", "ToolCallNext", "closing_stream"]
@@ -92,6 +93,15 @@ class Extension:
         count = _PENDING.pop(id(self), 0) - 1
         if count > 0:
             _PENDING[id(self)] = count
+
+    async def _agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
+        """Private: ``agent`` was closed; it ran requests of ``session_ids``.
+
+        ``Agent.close()`` calls it on each of its extensions once its background requests
+        ended, so an extension can release what it keeps for those sessions (an extension may
+        be shared by several agents: a session another open agent also ran is still in use).
+        Errors are logged, never raised into ``close()``. The default does nothing.
+        """
 
     def accept(self, config: AgentRunConfig | None, event: Any) -> bool:
         """Handle one external event and report whether it was accepted.

@@ -1,9 +1,14 @@
-"""What a failed child tells its parent: one line per outcome, and the report's text."""
+"""What a child tells its parent: one line per failure, and the report's text.
+
+Both are valid Unicode whatever the runner delivered (a lone surrogate becomes U+FFFD): they
+go into the parent's messages and tool results, which a model request must encode as UTF-8.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from zett_agent._text import valid_text
 from zett_agent.process import (
     JobCancelled,
     JobFailed,
@@ -85,12 +90,12 @@ def _bytes(value: float) -> str:
 
 
 def _one_line(text: str) -> str:
-    text = " ".join(text.split())
+    text = " ".join(valid_text(text).split())
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 def report_content(result: Any) -> str:
     """The text of a child's report (``run_child`` returns ``{"content": ...}``)."""
     if isinstance(result, dict) and isinstance(result.get("content"), str):
-        return str(result["content"])
-    return str(result)
+        return valid_text(str(result["content"]))
+    return valid_text(str(result))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from zett_agent.agent import Agent, AgentRunContext
 
 # Attributes that live only where the extension runs; never pickled (see __getstate__).
-_RUNTIME_ONLY = ("_sessions", "_counter", "_closing", "_modules")
+_RUNTIME_ONLY = ("_sessions", "_idle", "_forgotten", "_counter", "_closing", "_modules")
 
 
 class ChildAgentExtension(Extension):

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from zett_agent._text import valid_text
+
 if TYPE_CHECKING:
+    from zett_agent._agent import Agent
     from zett_agent.runners._base import ChildJob
 
 
@@ -138,7 +142,7 @@ class SubAgentTask:
             names = event.get("tool_calls")
             if isinstance(names, list) and names:
                 self.tool_calls += len(names)
-                self.last_tool = str(names[-1])[:100]
+                self.last_tool = valid_text(str(names[-1])[:100])
             self.input_tokens += _int(event.get("input_tokens"))
             self.output_tokens += _int(event.get("output_tokens"))
         elif kind == "progress":
@@ -175,11 +179,24 @@ class SessionTasks:
     finished tasks kept (``max_retained``; the oldest finished are forgotten first, in the order
     they finished), notices owed for forgotten tasks (each rendered to a short text when its
     task was forgotten; beyond ``max(max_retained, 16)`` of them the oldest become one count),
-    and the ids remembered as evicted.
+    and the ids remembered as evicted. The extension forgets a whole session once it is
+    ``idle`` and more than ``max_sessions`` idle ones are kept, or when the last open agent
+    that ran it closed (``users``).
     """
 
     def __init__(self, max_retained: int) -> None:
         self.tasks: OrderedDict[str, SubAgentTask] = OrderedDict()
+        #: tasks added and not finished yet
+        self.active = 0
+        #: the open agents that ran requests of this session (closing the last one releases it)
+        self.users: weakref.WeakSet[Agent] = weakref.WeakSet()
+        #: set once the session is being released: no task starts in it any more
+        self.released = False
+        #: set while no start is in flight (``starting == 0``)
+        self.no_starts = asyncio.Event()
+        self.no_starts.set()
+        #: why the session's earlier records were forgotten, if they were (for ``get_task``)
+        self.forgotten_before: str | None = None
         #: ids of the finished tasks kept, oldest finished first
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.evicted: OrderedDict[str, None] = OrderedDict()
@@ -197,8 +214,15 @@ class SessionTasks:
     def running(self) -> list[SubAgentTask]:
         return [t for t in self.tasks.values() if not t.done()]
 
+    @property
+    def idle(self) -> bool:
+        """Nothing running, nothing starting, no notice owed: forgetting it loses nothing
+        anyone waits for."""
+        return not (self.active or self.starting or self.due or self.dropped_notices)
+
     def add(self, task: SubAgentTask) -> None:
         self.tasks[task.task_id] = task
+        self.active += 1
 
     def finish(
         self, task: SubAgentTask, *, notify: bool, render: Callable[[SubAgentTask], str | None]
@@ -206,6 +230,7 @@ class SessionTasks:
         """Record a task that reached its terminal status, then forget the oldest finished
         tasks beyond ``max_retained``. ``render`` writes the notice of a forgotten task whose
         notice is still owed (it is called with ``task.evicted`` already true)."""
+        self.active -= 1
         self.finished[task.task_id] = None
         if notify:
             self.due[task.task_id] = task

@@ -7,6 +7,10 @@ reading (backpressure) or fail the job before a worker makes the parent hold mor
 budget. The bound for JSON is the frame's size plus 64 bytes for each ``{``, ``[``, ``,`` and
 ``:`` in it (no decoded value costs more per byte: ``[{},{},...]`` costs about 24 bytes per
 byte, counted as 43), and for text its length times its character width.
+
+What it returns is valid Unicode: text frames are decoded as strict UTF-8, and a JSON frame
+that escapes a lone surrogate is refused (``decode_json``), each with a ``FrameError`` that
+names it.
 """
 
 from __future__ import annotations
@@ -65,6 +69,20 @@ def _canonical_width(text: str) -> int:
     return 1 if code < 0x100 else 2 if code < 0x10000 else 4
 
 
+def _not_utf8(data: bytes | bytearray, exc: UnicodeDecodeError) -> str:
+    """Why a text frame is refused; a lone surrogate (valid but for being one) named as such."""
+    try:
+        piece = str(data[exc.start : exc.start + 3], "utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        piece = ""
+    if not piece or not 0xD800 <= ord(piece[0]) <= 0xDFFF:
+        return f"a text frame is not valid UTF-8 ({exc})"
+    return (
+        f"a text frame holds a lone surrogate (U+{ord(piece[0]):04X} at byte {exc.start}), "
+        "which is not valid Unicode text"
+    )
+
+
 class _Text:
     """A string arriving in text frames."""
 
@@ -94,9 +112,9 @@ class _Text:
                     "a text frame is not valid UTF-8 (a non-ASCII byte in an ASCII text)"
                 )
             else:
-                self.pieces.append(str(data, "utf-8", "surrogatepass"))
+                self.pieces.append(str(data, "utf-8"))
         except UnicodeDecodeError as exc:
-            raise FrameError(f"a text frame is not valid UTF-8 ({exc})") from None
+            raise FrameError(_not_utf8(data, exc)) from None
         except ValueError as exc:
             raise FrameError(f"a text frame does not match its announcement: {exc}") from None
 

@@ -4,7 +4,9 @@ Values must be JSON data: ``dict`` with ``str`` keys, ``list``, ``tuple`` (arriv
 ``str``, ``int``, ``float``, ``bool``, ``None``. Anything that JSON would silently change is
 refused with a ``TypeError`` that names where it is: a non-``str`` dict key (``{1: "a"}``
 would arrive as ``{"1": "a"}``, and ``{1: "a", "1": "b"}`` would lose an entry), an object
-of another type, a cycle, nesting deeper than ``MAX_DEPTH``.
+of another type, a cycle, nesting deeper than ``MAX_DEPTH``; and a ``str`` (value or key)
+holding a lone surrogate such as ``"\\ud800"``, which is not valid Unicode (the parent refuses
+it, since it could never encode it to UTF-8 again).
 
 A value that encodes into at most ``CHUNK`` bytes goes as one frame. A larger one is streamed:
 containers are opened and filled with batches of small items, and long strings go as raw
@@ -17,12 +19,13 @@ Imported by the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._protocol import CHUNK, MAX_DEPTH, TEXT_SLICE
+from ._protocol import CHUNK, MAX_DEPTH, SURROGATE, TEXT_SLICE, lone_surrogate, surrogate_in
 
-__all__ = ["Encoder", "check_value"]
+__all__ = ["Encoder", "check_value", "without_surrogates"]
 
 #: one compact encoder for every frame (``json.dumps`` with ``separators`` builds one per call)
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -106,6 +109,34 @@ def _bad_object(node: Any, depth: int) -> str | None:
     return f"an object of type {type(node).__name__} ({node!r:.60}), not JSON data"
 
 
+def _bad_text(node: Any, depth: int) -> str | None:
+    texts: Any = node if isinstance(node, dict) else (node,) if isinstance(node, str) else ()
+    for text in texts:
+        found = _surrogate_in(text)
+        if found is not None:
+            what = "dict key" if isinstance(node, dict) else "str"
+            return (
+                f"a {what} holding a lone surrogate ({found.group()!r} at index "
+                f"{found.start()}), which is not valid Unicode text; replace it, for example "
+                "with text.encode('utf-8', 'replace').decode()"
+            )
+    return None
+
+
+def _surrogate_in(text: Any) -> re.Match[str] | None:
+    if not isinstance(text, str) or surrogate_in(text) is None:
+        return None
+    return SURROGATE.search(text)
+
+
+def without_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate written as its escape (``"\\ud800"``), for texts
+    that must reach the parent whatever they hold (an exception's message)."""
+    if surrogate_in(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _find(root: Any, problem: Callable[[Any, int], str | None]) -> TypeError:
     """The error for the first node of ``root`` where ``problem`` says what is wrong (a
     second, slower walk that keeps paths: only taken when there is an error to report)."""
@@ -118,6 +149,8 @@ def _find(root: Any, problem: Callable[[Any, int], str | None]) -> TypeError:
             path = list(keys)
             if isinstance(node, dict) and problem is _bad_key:
                 path.append(next(key for key in node if not isinstance(key, str)))
+            elif isinstance(node, dict) and problem is _bad_text:
+                path.append(next(key for key in node if _surrogate_in(key) is not None))
             return _refuse(path, what)
         if isinstance(node, dict | list | tuple) and id(node) not in seen:
             seen.add(id(node))
@@ -156,24 +189,37 @@ class Encoder:
         self._sent = 0
         #: kind of each open container: True for dict
         self._open: list[bool] = []
+        #: the value being sent (to name the path of a bad text in it)
+        self._root: Any = None
 
     def message(self, kind: str, value: Any, usage: dict[str, float] | None = None) -> None:
         """Send one event or result.
 
-        Raises ``TypeError`` (not JSON data, with its path) or ``ValueError`` (over the size
-        cap) before anything is sent when the value goes in one frame; a streamed value is
-        checked first, then sent.
+        Raises ``TypeError`` (not JSON data, or a text that is not valid Unicode, with its
+        path) or ``ValueError`` (over the size cap) before anything is sent when the value goes
+        in one frame; a streamed value is checked first (a bad text as its frames are made),
+        then sent, and the parent told to drop what it got of it when it fails.
         """
         message: dict[str, Any] = {"k": kind, "v": value}
         if usage is not None:
             message["u"] = usage
         check_value(value)
+        self._root = value
+        try:
+            self._message(kind, value, usage, message)
+        finally:
+            self._root = None
+
+    def _message(
+        self, kind: str, value: Any, usage: dict[str, float] | None, message: dict[str, Any]
+    ) -> None:
         # a long string would only be encoded to find out that it must be streamed
         long_text = isinstance(value, str) and len(value) >= self._text_min
         text = None if long_text else self._whole(message)
         if text is not None:
             payload = text.encode()
             if len(payload) <= self._chunk:
+                self._check_text(payload, value)
                 self._send(payload)
                 return
         self._sent = 0
@@ -210,8 +256,16 @@ class Encoder:
 
     def _frame(self, message: dict[str, Any]) -> None:
         payload = _dumps(message).encode()
+        self._check_text(payload, message)
         self._count(len(payload))
         self._send(payload)
+
+    def _check_text(self, payload: bytes, data: Any) -> None:
+        """Refuse ``payload``, the JSON of ``data``, if ``data`` holds a lone surrogate (JSON
+        escapes it as ``\\ud800``; the parent refuses it): the parent's own check, then,
+        only to report one, the walk that finds its path in the whole value."""
+        if lone_surrogate(payload, data) is not None:
+            raise _find(self._root, _bad_text)
 
     # -- values -----------------------------------------------------------------------------
 
@@ -237,6 +291,7 @@ class Encoder:
             if small is None:
                 small = _dumps(value)  # a number of thousands of digits: under a real CHUNK
             payload = ('{"k":"val","v":' + small + "}").encode()
+            self._check_text(payload, value)
             self._count(len(payload))
             self._send(payload)
             return
@@ -253,6 +308,7 @@ class Encoder:
             if body is not None:
                 kind = "fields" if is_dict else "items"
                 payload = ('{"k":"' + kind + '","v":' + body + "}").encode()
+                self._check_text(payload, part)
                 self._count(len(payload))
                 self._send(payload)
                 start += len(part)
@@ -288,14 +344,17 @@ class Encoder:
         ascii = text.isascii()
         # characters per text frame: a slice of any string encodes into at most text_slice bytes
         per_slice = self._text_slice // 4
-        slices = (
-            None
-            if ascii
-            else [
-                text[start : start + per_slice].encode("utf-8", "surrogatepass")
-                for start in range(0, len(text), per_slice)
-            ]
-        )
+        try:
+            slices = (
+                None
+                if ascii
+                else [
+                    text[start : start + per_slice].encode("utf-8")
+                    for start in range(0, len(text), per_slice)
+                ]
+            )
+        except UnicodeEncodeError:  # a lone surrogate: refused before its announcement
+            raise _find(self._root, _bad_text) from None
         size = len(text) if slices is None else sum(map(len, slices))
         # counted whole before the announcement: once text frames flow, nothing can be aborted
         self._count(size)
@@ -325,5 +384,5 @@ def _width(text: str) -> int:
         return 1
     except UnicodeEncodeError:
         pass
-    wide = len(text.encode("utf-16-le", "surrogatepass")) != 2 * len(text)
+    wide = len(text.encode("utf-16-le")) != 2 * len(text)
     return 4 if wide else 2

@@ -9,7 +9,9 @@ UTF-8 JSON), which the worker enforces before it unpickles anything (see ``_conf
 to parent, a frame is either a *JSON frame* (UTF-8 JSON, at most ``CHUNK`` bytes) or a *text
 frame* (raw UTF-8, at most ``TEXT_SLICE`` bytes) that a JSON frame announced. The parent only
 ever ``json`` -decodes or UTF-8-decodes what a worker wrote; anything else is a protocol
-violation.
+violation. What it decodes is valid Unicode: a lone surrogate (``"\\ud800"`` in JSON, or its three
+bytes in a text frame), which the parent could hold but never encode to UTF-8 again (a model
+request holding it would fail), is a protocol violation too.
 
 Every frame is small on purpose: decoding one costs the parent's event loop about a
 millisecond at most, whatever it holds, and the parent counts what each decodes into against a
@@ -36,8 +38,10 @@ This module is imported by the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -49,10 +53,14 @@ __all__ = [
     "FLAG_SANDBOX",
     "HEADER",
     "MAX_DEPTH",
+    "SURROGATE",
+    "SURROGATE_ESCAPE",
     "TEXT_SLICE",
     "FrameDecoder",
     "FrameError",
     "decode_json",
+    "lone_surrogate",
+    "surrogate_in",
 ]
 
 HEADER = struct.Struct(">I")
@@ -202,4 +210,106 @@ def decode_json(frame: bytes | bytearray, limit: int = CHUNK) -> dict[str, Any]:
         raise FrameError(f"a frame is not valid JSON (extra data at character {end})")
     if not isinstance(message, dict) or not isinstance(message.get("k"), str):
         raise FrameError(f"a frame is not a message object ({type(message).__name__})")
+    found = lone_surrogate(frame, message)
+    if found is not None:
+        raise FrameError(
+            f"a frame holds a lone surrogate (U+{ord(found):04X}), which is not valid Unicode text"
+        )
     return message
+
+
+# -- valid Unicode ------------------------------------------------------------------------
+#
+# Strict UTF-8 lets no surrogate through as bytes, but JSON can still write one as an escape
+# (``\ud800``). Looking at every decoded string would cost a walk in Python per frame, and
+# searching every frame's bytes for such an escape about a third of what decoding costs, so
+# the check goes from cheapest to most precise and stops as soon as it can say:
+#
+# 1. a frame without a backslash holds no escape at all (one ``memchr``): most small frames;
+# 2. a frame of few values (a message and its value: an event, a report) has its decoded
+#    strings looked at; each costs nothing when it is ASCII or one byte wide (a surrogate
+#    needs two: read from its size), and a UTF-32 encoding, about a copy, otherwise;
+# 3. a frame of many values (a batch of a streamed result) has its bytes searched for a
+#    surrogate escape (escaped emoji pairs match too), and only then
+# 4. the decoded value is encoded again at C speed, and that text looked at.
+
+#: a JSON escape of a surrogate code point (a valid pair's escapes match too)
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+#: a surrogate code point in a ``str``: never part of a pair there (a decoded pair is one
+#: character above U+FFFF), so always one that UTF-8 cannot encode
+SURROGATE = re.compile("[\ud800-\udfff]")
+#: values looked at one by one (step 2) before the bytes are searched instead (step 3)
+_LOOK_AT = 64
+_TOO_MANY = object()
+#: size of a compact one-byte-wide ``str`` of no characters (the header of ``getsizeof``)
+_NARROW_HEADER = sys.getsizeof(chr(0xE9) * 2) - 3
+_dumps_unicode = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, separators=(",", ":")
+).encode
+
+
+def lone_surrogate(frame: bytes | bytearray, value: Any) -> str | None:
+    """The first lone surrogate in the strings (and dict keys) of ``value``, JSON data whose
+    encoding is ``frame``, or ``None``. Tuples and subclasses count as what they derive from
+    (the worker checks what it is about to send the same way)."""
+    if b"\\" not in frame:
+        return None
+    found = _look_at(value, _LOOK_AT)
+    if found is not _TOO_MANY:
+        return found  # type: ignore[no-any-return]
+    if SURROGATE_ESCAPE.search(frame) is None:
+        return None
+    return surrogate_in(_dumps_unicode(value))
+
+
+def surrogate_in(text: str) -> str | None:
+    """The first surrogate in ``text``, or ``None``: constant time for an ASCII or one-byte
+    wide ``str``, about the time of a copy otherwise."""
+    if text.isascii() or _narrow(text):
+        return None
+    try:
+        text.encode("utf-32-le")  # refuses a surrogate
+    except UnicodeEncodeError as exc:
+        return str(text[exc.start])
+    return None
+
+
+def _narrow(text: str) -> bool:
+    """Whether ``text`` is stored one byte per character (nothing above U+00FF), from its
+    size. A cached UTF-8 copy makes a string look wider: it is then looked at, never
+    skipped."""
+    if len(text) == 1:
+        return ord(text) < 0x100
+    return sys.getsizeof(text) - _NARROW_HEADER <= len(text) + 1
+
+
+def _look_at(value: Any, budget: int) -> Any:
+    """``surrogate_in`` for every string of ``value``, or ``_TOO_MANY`` once more than
+    ``budget`` values were to be looked at one by one. A container of strings only is looked
+    at joined, at C speed. Iterative (no recursion limit)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found = surrogate_in(item)
+            if found is not None:
+                return found
+            continue
+        if isinstance(item, dict):
+            members: Any = item.values()
+            stack.append("".join(item))  # keys are strings: decoded JSON, or checked ones
+        elif isinstance(item, list | tuple):
+            members = item
+        else:
+            continue
+        if len(members) > 8:
+            try:
+                stack.append("".join(members))
+                continue
+            except TypeError:  # not only strings
+                pass
+        budget -= len(members)
+        if budget < 0:
+            return _TOO_MANY
+        stack.extend(members)
+    return None

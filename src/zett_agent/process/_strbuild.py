@@ -65,7 +65,8 @@ class StrBuilder:
         self._wide_seen = ascii or length == 0
 
     def add_utf8(self, data: bytes | bytearray) -> None:
-        """Append the characters of ``data`` (UTF-8; lone surrogates allowed)."""
+        """Append the characters of ``data``: strict UTF-8 (``UnicodeDecodeError`` for anything
+        else, a lone surrogate's three bytes included)."""
         if self._ascii:
             if not data.isascii():
                 # not valid UTF-8 of an ASCII text: reported like any other decoding error
@@ -74,7 +75,7 @@ class StrBuilder:
                 )
             count, raw = len(data), data
         else:
-            piece = str(data, "utf-8", "surrogatepass")
+            piece = str(data, "utf-8")
             count = len(piece)
             if not piece.isascii():
                 piece_width = width(piece)
@@ -82,7 +83,7 @@ class StrBuilder:
                     raise ValueError("a slice holds characters wider than announced")
                 if piece_width == self._kind:
                     self._wide_seen = True
-            raw = piece.encode(_CODEC[self._kind], "surrogatepass")
+            raw = piece.encode(_CODEC[self._kind])
         if self._filled + count > self._length:
             raise ValueError("the slices hold more characters than announced")
         if isinstance(raw, bytearray):

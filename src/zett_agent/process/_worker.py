@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from . import _confine, _landlock, _linux, _scan
-from ._encode import Encoder, _dumps
+from ._encode import Encoder, _dumps, without_surrogates
 from ._inbox import Inbox
 from ._protocol import CHUNK, FLAG_LAST, FLAG_MESSAGE, FLAG_SANDBOX, HEADER
 
@@ -64,18 +64,19 @@ class _Channel:
             self.encoder.message(kind, value, usage)
 
     def error(self, exc: BaseException, usage: dict[str, float]) -> None:
-        """Report the job's exception; long texts are cut so it fits one frame."""
+        """Report the job's exception; long texts are cut so it fits one frame, and a lone
+        surrogate in them is written as its escape (the parent refuses invalid Unicode)."""
         import traceback
 
-        text = str(exc)
-        trace = "".join(traceback.format_exception(exc))
+        text = without_surrogates(str(exc))
+        trace = without_surrogates("".join(traceback.format_exception(exc)))
         if len(text) > CHUNK // 8:
             text = text[: CHUNK // 8] + "... (cut)"
         if len(trace) > CHUNK // 4:
             trace = "... (cut)\n" + trace[-(CHUNK // 4) :]
         message = {
             "k": "error",
-            "type": _type_name(exc),
+            "type": without_surrogates(_type_name(exc)),
             "message": text,
             "traceback": trace,
             "u": usage,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._model import Model, ModelEvent, ModelEventKind, ModelRequest, RetryOptions
+from zett_agent._text import valid_text
 
 if TYPE_CHECKING:
     from zett_agent.agent import Agent
@@ -67,7 +68,9 @@ class ProgressModel:
     """Wraps the child's model and reports each call to the parent as a progress event.
 
     Progress rides on the model rather than on an extension so that it works whatever agent
-    ``_create_child`` builds, as long as it uses the model it was given.
+    ``_create_child`` builds, as long as it uses the model it was given. Tool names the model
+    made up are sent as valid Unicode (a lone surrogate replaced by U+FFFD): the engine refuses
+    anything else, and the event is only progress.
     """
 
     def __init__(self, inner: Model, emit: Callable[[Any], None]) -> None:
@@ -86,7 +89,9 @@ class ProgressModel:
                     {
                         "kind": "turn_finished",
                         "turn": self._turn,
-                        "tool_calls": [call.name for call in event.response.message.tool_calls],
+                        "tool_calls": [
+                            valid_text(call.name) for call in event.response.message.tool_calls
+                        ],
                         "input_tokens": usage.input_tokens if usage else 0,
                         "output_tokens": usage.output_tokens if usage else 0,
                     }
@@ -108,6 +113,8 @@ async def run_child(spec: ChildSpec, emit: Callable[[Any], None] | None = None) 
 
     The entry point every runner calls where the child runs. Progress events (JSON-compatible
     dicts) go to ``emit`` (default: ``zett_agent.process.emit``, the process pool's pipe).
+    The report is valid Unicode: a lone surrogate the child's model produced is replaced by
+    U+FFFD, so the child's work reaches the parent (the engine refuses invalid Unicode).
     Subagent extensions of the child (a child that starts children of its own) are closed
     before it returns, so no grandchild outlives its parent's report.
 
@@ -133,7 +140,7 @@ async def run_child(spec: ChildSpec, emit: Callable[[Any], None] | None = None) 
     finally:
         await agent.close()
         await _close_subagent_extensions(agent)
-    return {"content": result.content, "seconds": time.monotonic() - started}
+    return {"content": valid_text(result.content), "seconds": time.monotonic() - started}
 
 
 async def run_pickled_child(
