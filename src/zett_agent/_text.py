@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["valid_text"]
+__all__ = ["valid_json", "valid_text"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: characters checked at a time (a temporary copy of 4 bytes each, kept small)
@@ -32,3 +32,27 @@ def valid_text(text: str) -> str:
     except UnicodeEncodeError:
         return _SURROGATE.sub("\ufffd", text)
     return text
+
+
+def valid_json(value: object) -> object:
+    """A copy of the JSON data ``value`` whose strings (keys included) went through
+    ``valid_text``. Iterative: nesting of any depth is walked without recursion."""
+    root: list[object] = [None]
+    #: (container to fill, key or index in it, value to copy)
+    todo: list[tuple[object, object, object]] = [(root, 0, value)]
+    while todo:
+        target, where, item = todo.pop()
+        copy: object
+        if isinstance(item, str):
+            copy = valid_text(item)
+        elif isinstance(item, dict):
+            copy = {}
+            for key, member in item.items():
+                todo.append((copy, valid_text(key) if isinstance(key, str) else key, member))
+        elif isinstance(item, list | tuple):
+            copy = [None] * len(item)
+            todo.extend((copy, index, member) for index, member in enumerate(item))
+        else:
+            copy = item
+        target[where] = copy  # type: ignore[index]
+    return root[0]

@@ -44,7 +44,7 @@ from zett_agent.messages import (
     UserMessage,
 )
 from zett_agent.models.openai import OpenAIChatModel
-from zett_agent.process import ProcessPool
+from zett_agent.process import ProcessPool, Sandbox
 from zett_agent.runners import ProcessRunner, _broker
 from zett_agent.runners._broker_wire import BadRequest, decode_request, encode_request
 from zett_agent.runners._standin import BrokeredModel, relaying
@@ -335,6 +335,75 @@ async def test_the_key_is_in_neither_the_environment_nor_the_memory_of_the_child
         assert child_requests and all(h["authorization"] == f"Bearer {key}" for h in child_requests)
     else:  # the same scan finds it when the model travels with its key: the test can fail
         assert found[key.encode()]
+
+
+@pytest.mark.parametrize("source", ["argument", "environment"])
+async def test_a_sandboxed_childs_key_stays_in_the_parent(
+    containment: str,
+    fifos: tuple[str, str, int],
+    source: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandboxed child (no network) on OpenAIChatModel completes through the parent: the
+    endpoint sees the key, which is in neither the child's environment nor its memory, whether
+    the model was given it or reads it from the host's environment (which every pool process
+    inherited, and the sandbox wipes from the job's memory)."""
+    ready, go, go_fd = fifos
+    key = new_key()
+    assert key not in os.environ.values()
+    variable = f"ZETT_TEST_KEY_{secrets.token_hex(4).upper()}"
+    if source == "environment":
+        monkeypatch.setenv(variable, key)  # before the pool starts: its launcher inherits it
+    wait = {"ready": ready, "go": go}
+
+    def answer(request: ModelRequest) -> AssistantMessage:  # behind the endpoint
+        results = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not results:
+            return AssistantMessage(tool_calls=(ToolCall("w", "wait_here", wait),))
+        return AssistantMessage(f"done: {results[0].text}")
+
+    async with OfflineEndpoint(answer) as endpoint:
+        model = OpenAIChatModel(
+            "test-model",
+            base_url=endpoint.url,
+            api_key=key if source == "argument" else None,
+            api_key_env=variable,
+        )
+        sandbox = Sandbox(read=[go], write=[ready], network="none")
+        definition = SubAgentDefinition(
+            "sandboxed", "a child that waits", "You are the child.", model=model,
+            tools=[kids.WAIT_TOOL], sandbox=sandbox,
+        )  # fmt: skip
+        async with (
+            ProcessPool(2, containment=containment) as pool,
+            AsyncSubAgentExtension([definition], runner=ProcessRunner(pool)) as extension,
+        ):
+            client = await create_agent(
+                FunctionModel(parent_step),
+                config=AgentRunConfig(session_id="parent"),
+                extensions=[extension],
+            )
+            async with client:
+                run = asyncio.ensure_future(client.run("sandboxed"))
+                try:
+                    pid = await child_waiting(ready)
+                    environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)
+                    found = await asyncio.to_thread(
+                        memory_holds, pid, [key.encode(), b"You are the child."]
+                    )
+                finally:
+                    os.write(go_fd, b"go\n")
+                async with asyncio.timeout(HANG_GUARD):
+                    await run
+                task = only_task(extension)
+                info = extension.task_info(task)
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    assert info["sandbox"]["network"] == "none"
+    assert info["broker"]["calls"] == 2
+    assert found[b"You are the child."], "the scan must see what the child holds"
+    assert key.encode() not in environ
+    assert not found[key.encode()], "the key is in the sandboxed child's memory"
+    assert endpoint.headers and all(h["authorization"] == f"Bearer {key}" for h in endpoint.headers)
 
 
 def _is_child(body: dict[str, Any]) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from zett_agent._model import ModelError, ModelEvent, ModelRequest, RetryOptions
+from zett_agent._text import valid_json
 from zett_agent.runners._broker_wire import (
     KEY,
     TOPIC,
@@ -87,7 +88,14 @@ class BrokeredModel:
         try:
             try:
                 body = encode_request(request)
-                emit({KEY: {"op": "call", "id": call_id, "slot": self.slot, "request": body}})
+                call = {"op": "call", "id": call_id, "slot": self.slot}
+                try:
+                    emit({KEY: {**call, "request": body}})
+                except TypeError:
+                    # text no provider could take (a lone surrogate): sent as U+FFFD, as the
+                    # model's own adapter would send it (a request the child could not encode
+                    # is still refused below)
+                    emit({KEY: {**call, "request": valid_json(body)}})
             except RuntimeError as exc:
                 finished = True
                 raise ModelError(
