@@ -231,6 +231,45 @@ def test_amplifying_json_is_counted_at_no_less_than_its_decoded_size() -> None:
         assert json_cost(frame) >= decoded
 
 
+def _deep_size(value: object) -> int:
+    """Bytes the objects of a decoded JSON value take (each object once)."""
+    seen: set[int] = set()
+    total, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return total
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * 15_000 + "\U0001f600",  # one astral character: every character 4 bytes wide
+        "a" * 15_000 + "\u0101",  # one 2-byte-wide character
+        "\U0001f600" * 1_300,
+    ],
+    ids=["one-astral", "one-wide", "all-astral"],
+)
+@pytest.mark.parametrize("ensure_ascii", [True, False], ids=["escaped", "utf8"])
+def test_wide_text_is_counted_at_no_less_than_its_decoded_size(
+    text: str, ensure_ascii: bool
+) -> None:
+    """A string one wide character makes wide (every character then takes 2 or 4 bytes) is
+    counted as such, written as UTF-8 or as ``\\u`` escapes."""
+    frame = json.dumps({"k": "event", "v": [text, {"t": text}]}, ensure_ascii=ensure_ascii)
+    data = frame.encode()
+    assert len(data) <= CHUNK
+    assert json_cost(data) >= _deep_size(decode_json(data)["v"])
+
+
 @pytest.mark.parametrize("builder", [True, False], ids=["built-in-place", "joined"])
 def test_text_frames_must_match_their_announcement(
     builder: bool, monkeypatch: pytest.MonkeyPatch

@@ -29,9 +29,16 @@ _EMPTY = object()
 
 
 def json_cost(frame: bytes | bytearray) -> int:
-    """Upper bound of the bytes the values decoded from a JSON frame take."""
+    """Upper bound of the bytes the values decoded from a JSON frame take.
+
+    A string takes as many bytes per character as its widest character needs: one character
+    outside the Basic Multilingual Plane (four UTF-8 bytes, or a ``\\ud83d\\ude00`` escape pair)
+    makes every character of its string four bytes wide, so a frame that may hold any non-ASCII
+    character counts four bytes per byte of it.
+    """
     structure = frame.count(b"{") + frame.count(b"[") + frame.count(b",") + frame.count(b":")
-    return len(frame) + 64 * structure + 256
+    width = 1 if frame.isascii() and b"\\u" not in frame else 4
+    return width * len(frame) + 64 * structure + 256
 
 
 @dataclass
