@@ -122,7 +122,7 @@ async def extension_on(
 ) -> AsyncIterator[AsyncSubAgentExtension]:
     async with (
         ProcessPool(4, containment=containment) as pool,
-        AsyncSubAgentExtension(list(definitions), runner=ProcessRunner(pool, broker=broker)) as ext,
+        Recording(list(definitions), runner=ProcessRunner(pool, broker=broker)) as ext,
     ):
         yield ext
 
@@ -137,8 +137,20 @@ async def run_parent(extension: AsyncSubAgentExtension, subagent_type: str) -> s
         return (await client.run(subagent_type)).content
 
 
+class Recording(AsyncSubAgentExtension):
+    """Keeps the tasks it started: closing a client releases its session's entries, and the
+    tests look at the tasks afterwards."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started: list[SubAgentTask] = []
+
+    async def task_started(self, task: SubAgentTask) -> None:
+        self.started.append(task)
+
+
 def only_task(extension: AsyncSubAgentExtension) -> SubAgentTask:
-    [task] = extension.tasks("parent")
+    [task] = extension.started if isinstance(extension, Recording) else extension.tasks("parent")
     return task
 
 
@@ -208,7 +220,7 @@ async def test_models_that_cannot_be_brokered_travel_as_before() -> None:
     definition = SubAgentDefinition(
         "scripted", "a child", "You are the child.", model=ScriptedModel(["scripted report"])
     )
-    async with AsyncSubAgentExtension([definition], runner=ProcessRunner(broker=True)) as ext:
+    async with Recording([definition], runner=ProcessRunner(broker=True)) as ext:
         answer = await run_parent(ext, "scripted")
         info = ext.task_info(only_task(ext))
     assert json.loads(answer)["content"] == "scripted report"
@@ -376,7 +388,7 @@ async def test_a_sandboxed_childs_key_stays_in_the_parent(
         )  # fmt: skip
         async with (
             ProcessPool(2, containment=containment) as pool,
-            AsyncSubAgentExtension([definition], runner=ProcessRunner(pool)) as extension,
+            Recording([definition], runner=ProcessRunner(pool)) as extension,
         ):
             client = await create_agent(
                 FunctionModel(parent_step),
@@ -441,7 +453,7 @@ async def test_transient_errors_are_retried_by_the_child_and_a_bad_request_fails
             )
             async with client, asyncio.timeout(HANG_GUARD):
                 await client.run("remote")
-            [failed] = extension.tasks("second")
+            failed = extension.started[-1]  # type: ignore[attr-defined]
     assert failed.status is SubAgentTaskStatus.FAILED
     assert "HTTP 400" in (failed.error or "") and "no such parameter" in (failed.error or "")
     assert len(server.requests) == 4  # not retried
@@ -497,7 +509,7 @@ async def test_a_child_that_closes_its_stream_cancels_the_parents_call(
         definition = SubAgentDefinition(
             "remote", "a child", "You are the child.", model=model, tools=[kids.CLOSE_EARLY_TOOL]
         )
-        async with AsyncSubAgentExtension([definition], runner=ProcessRunner(broker=True)) as ext:
+        async with Recording([definition], runner=ProcessRunner(broker=True)) as ext:
             run = asyncio.ensure_future(run_parent(ext, "remote"))
             await server.until_gone(1)  # closed while the child still runs (it waits on go)
             task = only_task(ext)
@@ -632,7 +644,7 @@ async def test_a_brokered_childs_own_children_relay_through_it_and_hold_no_key(
             model=model,
             extensions=[AsyncSubAgentExtension([worker])],  # a plain runner: it relays
         )
-        async with AsyncSubAgentExtension([orchestrator], runner=ProcessRunner(broker=True)) as ext:
+        async with Recording([orchestrator], runner=ProcessRunner(broker=True)) as ext:
             run = asyncio.ensure_future(run_parent(ext, "orchestrator"))
             grandchild = await child_waiting(ready)
             child = only_task(ext).pid

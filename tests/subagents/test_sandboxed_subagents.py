@@ -85,8 +85,9 @@ async def test_a_sandboxed_child_cannot_read_outside_and_task_info_says_what_hel
         )
         async with client, asyncio.timeout(HANG_GUARD):
             await client.run("go")
-        confined, allowed = extension.tasks("s")
-        infos = [extension.task_info(task) for task in (confined, allowed)]
+            # read before the client closes: closing it releases the session's entries
+            confined, allowed = extension.tasks("s")
+            infos = [extension.task_info(task) for task in (confined, allowed)]
     assert confined.status is SubAgentTaskStatus.COMPLETED, confined.error
     assert (confined.output or "").startswith("denied: Permission denied"), confined.output
     assert (allowed.output or "").startswith("read 17 characters"), allowed.output
@@ -133,8 +134,8 @@ async def test_a_runner_without_sandboxes_fails_a_required_one_before_the_child_
         )
         async with client, asyncio.timeout(HANG_GUARD):
             await client.run("go")
-        required, optional = extension.tasks("s")
-        infos = [extension.task_info(task) for task in (required, optional)]
+            required, optional = extension.tasks("s")
+            infos = [extension.task_info(task) for task in (required, optional)]
     assert required.status is SubAgentTaskStatus.FAILED
     assert "cannot enforce a sandbox" in (required.error or ""), required.error
     assert infos[0]["sandbox"]["refused"]  # type: ignore[typeddict-item]

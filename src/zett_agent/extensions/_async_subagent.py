@@ -184,6 +184,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         #: sessions whose records were forgotten, with why (the most recent ones)
         self._forgotten: OrderedDict[str, str] = OrderedDict()
         self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- hooks
 
@@ -497,7 +498,16 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Then closes the runner: the process pool this extension created (a shared pool stays
         open). Nothing the extension started outlives this call. Idempotent.
         """
-        self._closing = True
+        if self._close_task is None:
+            self._closing = True
+            self._close_task = asyncio.get_running_loop().create_task(self._close())
+        # every caller returns once everything is closed; a cancelled caller leaves the close
+        # running in the background
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        # a start in flight sees ``_closing`` once its runner answered and cancels its child
+        await asyncio.gather(*(s.no_starts.wait() for s in list(self._sessions.values())))
         running = [t for s in self._sessions.values() for t in s.running()]
         if running:
             await asyncio.gather(*(self.cancel(t) for t in running))

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from zett_agent.agent import Agent, AgentRunContext
 
 # Attributes that live only where the extension runs; never pickled (see __getstate__).
-_RUNTIME_ONLY = ("_sessions", "_idle", "_forgotten", "_counter", "_closing", "_modules")
+_RUNTIME_ONLY = (
+    "_sessions", "_idle", "_forgotten", "_counter", "_closing", "_close_task", "_modules",
+)  # fmt: skip
 
 
 class ChildAgentExtension(Extension):
