@@ -232,3 +232,37 @@ def fork_many(n: int) -> int:
 
 def niceness() -> int:
     return os.nice(0)
+
+
+# -- for the concurrent.futures executor -------------------------------------------------------
+
+
+def power(x: int, y: int = 2) -> int:
+    return int(x**y)
+
+
+def divide(x: int, y: int) -> float:
+    return x / y
+
+
+def sleep_then(seconds: float, value: Any) -> Any:
+    time.sleep(seconds)
+    return value
+
+
+def tree_then_wait(path: str) -> None:
+    """Start a grandchild in a session of its own, write both pids to ``path`` (a FIFO the
+    test reads), then wait for ever."""
+    grandchild = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    with open(path, "w") as stream:
+        stream.write(f"{os.getpid()} {grandchild.pid}\n")
+    while True:
+        time.sleep(600)
+
+
+def signal_then_sleep(path: str, seconds: float, value: Any) -> Any:
+    """Write a line to ``path`` (a FIFO the test reads: "it runs"), sleep, return ``value``."""
+    with open(path, "w") as stream:
+        stream.write("running\n")
+    time.sleep(seconds)
+    return value

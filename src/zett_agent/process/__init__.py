@@ -49,6 +49,7 @@ from ._errors import (
     ProtocolError,
     WorkerCrashed,
 )
+from ._executor import PoolExecutor, ProcessPoolExecutor
 from ._job import JobStatus, JobUsage, ProcessJob
 from ._limits import ProcessLimits
 from ._pool import ProcessPool
@@ -63,10 +64,12 @@ __all__ = [
     "JobUsage",
     "LimitExceeded",
     "PoolClosed",
+    "PoolExecutor",
     "ProcessError",
     "ProcessJob",
     "ProcessLimits",
     "ProcessPool",
+    "ProcessPoolExecutor",
     "ProtocolError",
     "Sandbox",
     "SandboxUnavailable",

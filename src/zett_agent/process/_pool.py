@@ -33,7 +33,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _containment, _landlock, _sandbox, _scratch
 from ._channel import Channel
@@ -60,6 +60,9 @@ from ._protocol import FLAG_LAST, FLAG_SANDBOX, HEADER
 from ._sandbox import Sandbox, SandboxUnavailable, check_sandbox
 from ._supervised import Worker, WorkerState
 from ._supervisor import LauncherSupervisor
+
+if TYPE_CHECKING:
+    from ._executor import PoolExecutor
 
 __all__ = ["ProcessPool"]
 
@@ -446,6 +449,22 @@ class ProcessPool:
             waiter = asyncio.get_running_loop().create_future()
             self._burial_waiter = waiter
             await waiter
+
+    def executor(self) -> PoolExecutor:
+        """A ``concurrent.futures.Executor`` over this started pool (``PoolExecutor``):
+        ``submit`` from any thread, ``map``, ``shutdown``, ``loop.run_in_executor(executor,
+        fn, *args)``; ``future.cancel()`` kills a running job's tree, and a crash fails only
+        its own future. Its ``shutdown()`` leaves the pool open.
+
+        Raises ``RuntimeError`` before ``start()`` and ``PoolClosed`` after ``close()``.
+        """
+        if self._closed:
+            raise PoolClosed("executor() after close(); create a new ProcessPool")
+        if not self._started or self._loop is None:
+            raise RuntimeError("ProcessPool.executor() before start(); start the pool first")
+        from ._executor import PoolExecutor
+
+        return PoolExecutor(self, self._loop)
 
     # -- submitting -------------------------------------------------------------------------
 
