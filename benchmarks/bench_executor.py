@@ -91,8 +91,10 @@ def main() -> None:
         ),
     }
     stdlib = results["stdlib ProcessPoolExecutor"]
-    print(f"run_in_executor of a no-op, {WORKERS} workers, {os.cpu_count()} CPUs "
-          f"(load {os.getloadavg()[0]:.1f})")
+    print(
+        f"run_in_executor of a no-op, {WORKERS} workers, {os.cpu_count()} CPUs "
+        f"(load {os.getloadavg()[0]:.1f})"
+    )
     print(f"{'':32} {'p50 ms':>8} {'p99 ms':>8} {'jobs/s':>9} {'ratio':>6}  after a crash")
     for name, row in results.items():
         ratio = row["throughput"] / stdlib["throughput"]

@@ -20,7 +20,9 @@ What is measured (all on 2 workers):
 - parallel CPU: wall time of 2 CPU-bound jobs in parallel / the same run sequentially;
 - loop stall: p99 of one event-loop iteration while 200 jobs start, emit 20 events each, end;
 - large result: MB/s of a 32 MiB string result, next to a raw pipe moving the same bytes;
-- idle memory: unique memory (USS) of one idle worker process.
+- idle memory: unique memory (USS) of one idle worker process;
+- reused workers against anyio (dispatch p50) and loky (throughput) in alternating rounds, so
+  that both sides of each comparison see the same load of a shared machine.
 
 Ours runs under both containment strategies where the machine has cgroup v2 ("zett fresh" is
 the default, cgroup here; "zett fresh/scan" the /proc fallback).
@@ -184,7 +186,9 @@ async def _ours(reuse: bool, n: int, quick: bool, containment: str = "auto") -> 
         # idle memory
         await asyncio.sleep(0.2)
         assert pool._launcher is not None
-        res["uss"] = min(psutil.Process(w.pid).memory_full_info().uss / 2**20 for w in pool._idle)
+        res["uss"] = min(
+            psutil.Process(w.pid).memory_full_info().uss / 2**20 for w in pool._engine.idle
+        )
     return res
 
 
@@ -534,7 +538,7 @@ async def _amplify() -> None:
         grew, stall = await _watch(job)
         print(
             f"  four unread 20 MB events of the same: {job.status.name}, "
-            f"{job.dropped_events} dropped, {job._held / 2**20:.0f} MiB held"
+            f"{job.dropped_events} dropped, {job._core.held / 2**20:.0f} MiB held"
         )
         print(
             f"    parent RSS grew by at most {grew / 2**20:.0f} MiB, longest loop stall "
@@ -544,7 +548,7 @@ async def _amplify() -> None:
 
 async def _sandboxed(n: int, containment: str) -> dict[str, list[float]]:
     """Round trips of no-op jobs, sandboxed or not, alternating, each to a ready spare."""
-    out: dict[str, list[float]] = {"plain": [], "sandboxed": [], "confine": []}
+    out: dict[str, list[float]] = {"plain": [], "sandboxed": [], "confine": [], "prepared": []}
     async with ProcessPool(WORKERS, preload=JOBS, containment=containment) as pool:
         for _ in range(5):
             await pool.submit(noop)
@@ -558,6 +562,7 @@ async def _sandboxed(n: int, containment: str) -> dict[str, list[float]]:
                 out[kind].append(time.perf_counter() - t)
                 if job.sandbox_report is not None:
                     out["confine"].append(float(job.sandbox_report["seconds"]))
+                    out["prepared"].append(float(bool(job.sandbox_report.get("prepared"))))
     return out
 
 
@@ -566,6 +571,7 @@ def sandbox_table(quick: bool) -> None:
     print(f"\nwhat a Sandbox adds to one no-op job (ms), {n} of each, {os.cpu_count()} CPUs")
     print(
         f"  {'':<18}{'plain p50':>12}{'sandboxed':>12}{'added':>10}{'p99 added':>11}{'confine':>10}"
+        f"{'prepared':>10}"
     )
     for containment in ("cgroup", "scan"):
         try:
@@ -578,8 +584,91 @@ def sandbox_table(quick: bool) -> None:
         print(
             f"  {containment:<18}{ms(plain):>12}{ms(sandboxed):>12}{ms(sandboxed - plain):>10}"
             f"{ms(tail):>11}{ms(pct(res['confine'], 0.5)):>10}"
+            f"{statistics.mean(res['prepared']):>10.0%}"
         )
+    print(
+        "  confine: the worker's own time confining itself (the report's seconds); prepared: "
+        "the jobs whose ruleset an idle spare had built ahead"
+    )
     print("  target (issue 16): at most 2 ms added at p50")
+
+
+async def _ours_reused_round(n: int, count: int) -> tuple[list[float], float]:
+    async with ProcessPool(WORKERS, max_jobs_per_worker=1_000_000, preload=JOBS) as pool:
+        for _ in range(20):
+            await pool.submit(noop)
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await pool.submit(noop)
+            lat.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        await asyncio.gather(*(pool.submit(noop) for _ in range(count)))
+        return lat, count / (time.perf_counter() - t)
+
+
+def _anyio_round(n: int) -> list[float]:
+    import anyio
+    import anyio.to_process as to_process
+
+    lat: list[float] = []
+
+    async def main() -> None:
+        for _ in range(20):
+            await to_process.run_sync(noop)
+        for _ in range(n):
+            t = time.perf_counter()
+            await to_process.run_sync(noop)
+            lat.append(time.perf_counter() - t)
+
+    anyio.run(main)
+    return lat
+
+
+def _loky_round(count: int) -> float:
+    import loky
+
+    pool = loky.ProcessPoolExecutor(WORKERS)
+    try:
+        list(pool.map(noop, range(20)))
+        t = time.perf_counter()
+        list(pool.map(noop, range(count)))
+        return count / (time.perf_counter() - t)
+    finally:
+        pool.shutdown(wait=True, kill_workers=True)
+
+
+def alternating_table(quick: bool) -> None:
+    """Reused workers against the peers of the performance targets (anyio's dispatch, loky's
+    throughput) in alternating rounds: the load of a shared machine changes within a run, and
+    rounds side by side see the same load."""
+    rounds, n, count = (3, 200, 300) if quick else (6, 300, 1000)
+    ours_lat: list[float] = []
+    anyio_lat: list[float] = []
+    ours_rate: list[float] = []
+    loky_rate: list[float] = []
+    wins = 0
+    for _ in range(rounds):
+        lat, rate = asyncio.run(_ours_reused_round(n, count))
+        peer = _anyio_round(n)
+        ours_lat += lat
+        anyio_lat += peer
+        ours_rate.append(rate)
+        loky_rate.append(_loky_round(count))
+        wins += statistics.median(lat) <= statistics.median(peer)
+    rate_wins = sum(o >= p for o, p in zip(ours_rate, loky_rate, strict=True))
+    print(f"\nreused workers against anyio and loky, {rounds} alternating rounds (same load)")
+    print(f"  {'':<18}{'dispatch p50':>14}{'p99':>14}{'jobs/s':>14}")
+    print(
+        f"  {'zett (reused)':<18}{ms(pct(ours_lat, 0.5)):>14}{ms(pct(ours_lat, 0.99)):>14}"
+        f"{statistics.median(ours_rate):>14.0f}"
+    )
+    print(f"  {'anyio':<18}{ms(pct(anyio_lat, 0.5)):>14}{ms(pct(anyio_lat, 0.99)):>14}")
+    print(f"  {'loky':<18}{'':>14}{'':>14}{statistics.median(loky_rate):>14.0f}")
+    print(
+        f"  rounds where zett's dispatch p50 <= anyio's: {wins}/{rounds}; "
+        f"jobs/s >= loky's: {rate_wins}/{rounds}"
+    )
 
 
 def main() -> None:
@@ -677,6 +766,7 @@ def main() -> None:
         "large result",
         [f"{extra['big']:.0f} MB/s", f"pipe {pipe:.0f}", f"{extra['big'] / pipe:.2f}x"],
     )
+    alternating_table(quick)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     uv run python benchmarks/bench_subagents.py [--quick]
     uv run --extra ray python benchmarks/bench_subagents.py --ray [ADDRESS] [--quick]
     uv run python benchmarks/bench_subagents.py --sandbox [--quick]
+    uv run python benchmarks/bench_subagents.py --talk [--quick]
 
 The baseline (``_subagent_baseline.InProcessSubAgentExtension``) is the same extension with its
 child runner swapped: each child agent runs as ``asyncio.create_task(agent.run(prompt))`` in the
@@ -33,10 +34,22 @@ Ratios are baseline / ours for times, so > 1 means the process version is faster
 ``--ray [ADDRESS]`` adds a third runner, ``RayRunner`` (children as Ray tasks; a local Ray of
 this machine's CPUs when no address is given, started once before the clock), to (1)-(4), and
 prints one table with the three columns (no ratios); (5) is left out (a Ray worker per child is
-not what one runs a hundred of on one machine).
+not what one runs a hundred of on one machine). It adds (6): 50 children submitted at once
+through the runner (``submit_function``), of which as many run as the machine has CPUs and the
+rest wait for one, all cancelled at once: the longest the parent's event loop stalled meanwhile
+(the ticker of (4)) and how long the 50 cancels took, for processes (a ``ProcessPool`` of one
+worker per CPU) and Ray.
 
 ``--sandbox`` runs (1) only, for processes with and without a ``Sandbox`` around each child,
 and prints what the sandbox adds.
+
+``--talk`` measures what steering running children costs (issue 17), for processes and
+in-process children (and Ray children with ``--talk --ray [ADDRESS]``): (6) ``task_message``
+from the parent's send to the child having it, as the parent sees the child's
+``message_received`` event (a round trip, so an upper bound on the one-way time; what then
+waits in the child for its next model call is the child's own pace),
+and (7) what ``store=`` (a ``TaskStore``) adds to the ``task_start`` tool call: its duration
+with and without a store, alternating.
 
 The child agents are defined in this script's ``__main__``, as in the guide's program, so
 cloudpickle ships them by value and a fresh child process imports nothing for them. The
@@ -59,7 +72,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import psutil
@@ -72,7 +85,7 @@ from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
-from zett_agent.process import Sandbox
+from zett_agent.process import ProcessPool, Sandbox
 from zett_agent.tools import AgentTool, ToolResult
 
 HANG_GUARD = 120.0  # seconds; a request of this benchmark that takes longer is a bug
@@ -294,14 +307,20 @@ async def run_parent(
     timing: Timing,
     steps: Sequence[Step],
     tools: Sequence[AgentTool] = (),
+    then: Callable[[], Awaitable[object]] | None = None,
 ) -> str:
-    """The parent program: one request of an agent driven by ``steps``."""
+    """The parent program: one request of an agent driven by ``steps``; then ``then()``, while
+    the agent is still open (closing it releases its session: its running tasks are cancelled
+    and its task list is forgotten)."""
     config = AgentRunConfig(session_id="parent", max_turns=len(steps) + 2)
     client = await create_agent(
         StepModel(steps), config=config, extensions=[timing, extension], tools=tools
     )
     async with client, asyncio.timeout(HANG_GUARD):
-        return (await client.run("go")).content
+        content = (await client.run("go")).content
+        if then is not None:
+            await then()
+        return content
 
 
 def start_and_read(subagent_type: str) -> list[Step]:
@@ -338,10 +357,14 @@ async def measure_start(
         ) -> tuple[list[float], list[float]]:
             """Run ``n`` start + read rounds; return start latencies and round trips."""
             timing = Timing()
-            await run_parent(extension, timing, [*start_and_read("starter") * n, final()])
-            failed = [t.error for t in extension.tasks("parent") if t.error]
-            if failed:
-                raise RuntimeError(f"a starter child failed: {failed[0]}")
+
+            async def check() -> None:
+                failed = [t.error for t in extension.tasks("parent") if t.error]
+                if failed:
+                    raise RuntimeError(f"a starter child failed: {failed[0]}")
+
+            steps = [*start_and_read("starter") * n, final()]
+            await run_parent(extension, timing, steps, then=check)
             stamps = [(await asyncio.wait_for(queue.get(), 10))[1] for _ in range(n)]
             begins = [begin for begin, _ in timing.of("task_start")]
             ends = [end for _, end in timing.of("task_output")]
@@ -370,6 +393,121 @@ async def measure_start(
 
 def final(text: str = "finished") -> AssistantMessage:
     return AssistantMessage(content=text)
+
+
+# -- (6), (7) talking to running children ---------------------------------------------------------
+
+
+async def hold() -> str:
+    """A child tool that runs until the child is cancelled: messages wait for it."""
+    await asyncio.Event().wait()
+    return "unreachable"
+
+
+HOLD = AgentTool("hold", "Hold.", {"type": "object", "properties": {}}, hold)
+
+
+async def measure_message(variant: str, tasks: int, per_task: int) -> list[float]:
+    """Send ``per_task`` messages to each of ``tasks`` children held in a tool; return each
+    message's time from send to the child's ``message_received`` event in the parent."""
+    from zett_agent.runners import InProcessRunner
+
+    with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
+        ann = Announcements(tmp, asyncio.get_running_loop())
+        try:
+            holder = profile("holder", AnnouncingChild(ann.path, [("hold", {})]), (HOLD,))
+            options: dict[str, Any] = {"extra_tools": ("task_message",)}
+            if variant == "in-process":
+                options["runner"] = InProcessRunner()
+            elif variant == "ray":
+                from zett_agent.runners.ray import RayRunner
+
+                options["runner"] = RayRunner(RAY_ADDRESS)
+            async with AsyncSubAgentExtension([holder], **options) as extension:
+                steps = [
+                    turn(call("task_start", subagent_type="holder", description="b", prompt="go"))
+                ] * tasks
+                config = AgentRunConfig(session_id="parent", max_turns=tasks + 2)
+                # the client stays open while the messages go: closing it ends the tasks
+                client = await create_agent(
+                    StepModel([*steps, final()]), config=config, extensions=[extension]
+                )
+                async with client:
+                    async with asyncio.timeout(HANG_GUARD):
+                        await client.run("go")
+                    times: list[float] = []
+                    for task in extension.tasks("parent"):
+                        await asyncio.wait_for(ann.queue("start").get(), HANG_GUARD)
+                        await asyncio.wait_for(task.running.wait(), HANG_GUARD)
+                        for i in range(per_task):
+                            begin = time.perf_counter()
+                            record = extension._queue_message(task, f"message {i}", False)
+                            await asyncio.wait_for(record.received.wait(), HANG_GUARD)
+                            times.append(time.perf_counter() - begin)
+        finally:
+            ann.close()
+    return times
+
+
+async def measure_store_start(rounds: int, chunks: int) -> dict[str, list[float]]:
+    """Durations of the ``task_start`` tool call with and without a store, alternating."""
+    durations: dict[str, list[float]] = {"store": [], "memory": []}
+    with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
+        ann = Announcements(tmp, asyncio.get_running_loop())
+        try:
+            starter = profile("starter", AnnouncingChild(ann.path))
+            async with (
+                AsyncSubAgentExtension([starter], max_retained=10_000) as memory,
+                AsyncSubAgentExtension(
+                    [starter], max_retained=10_000, store=os.path.join(tmp, "tasks.sqlite")
+                ) as stored,
+            ):
+                pairs = (("memory", memory), ("store", stored))
+                for chunk in range(chunks + 1):  # the first chunk warms both up, unmeasured
+                    for name, extension in pairs:
+                        timing = Timing()
+                        n = max(1, rounds // chunks)
+                        await run_parent(
+                            extension, timing, [*start_and_read("starter") * n, final()]
+                        )
+                        for _ in range(n):
+                            await asyncio.wait_for(ann.queue("start").get(), HANG_GUARD)
+                        if chunk:
+                            durations[name] += [e - b for b, e in timing.of("task_start")]
+        finally:
+            ann.close()
+    return durations
+
+
+async def bench_talk(quick: bool, ray: bool = False) -> None:
+    environment(quick, " --talk --ray" if ray else " --talk")
+    tasks, per_task = (2, 25) if quick else (3, 100)
+    variants = (*VARIANTS, "ray") if ray else VARIANTS
+    messages = {v: await measure_message(v, tasks, per_task) for v in variants}
+    n_start = 50 if quick else 300
+    store = await measure_store_start(n_start, chunks=5)
+    n = tasks * per_task
+    print("\nTalking to running children (issue 17)\n")
+    row("measurement", "process", "in-process", "ray" if ray else "")
+    rule()
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        row(
+            f"(6) task_message -> in the child, {label} (n={n})",
+            ms(pct(messages["process"], q)),
+            ms(pct(messages["in-process"], q)),
+            ms(pct(messages["ray"], q)) if ray else "",
+        )
+    print()
+    row("measurement", "store", "memory", "added")
+    rule()
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        ours, base = pct(store["store"], q), pct(store["memory"], q)
+        row(f"(7) task_start tool call, {label} (n={n_start})", ms(ours), ms(base), ms(ours - base))
+    print(
+        "\ntargets (issue 17): (6) at most 5 ms at p50 (a round trip here: the child's "
+        "message_received event back to the parent); (7) the store adds at most 1 ms at p50"
+    )
+    check_leftovers()
 
 
 # -- (2) task_cancel -> gone ---------------------------------------------------------------------
@@ -416,10 +554,14 @@ async def measure_cancel_process(rounds: int, variant: str = "process") -> dict[
             spinner = profile(
                 "spinner", AnnouncingChild(ann.path, [("spin", {"fifo": ann.path})]), [SPIN]
             )
+            statuses: list[str] = []
             async with make_extension(variant, [spinner]) as extension:
                 steps, tools = cancel_program(ann, timing, rounds)
-                await run_parent(extension, timing, steps, tools)
-                statuses = [t.status.value for t in extension.tasks("parent")]
+
+                async def read() -> None:
+                    statuses.extend(t.status.value for t in extension.tasks("parent"))
+
+                await run_parent(extension, timing, steps, tools, then=read)
         finally:
             ann.close()
     if set(statuses) != {"cancelled"} or not all(timing.gone_after_cancel):
@@ -554,18 +696,21 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
         stop = asyncio.Event()
         ticks = loop.create_task(ticker(results[variant]["stall"], stop))
         await asyncio.sleep(0)
-        before = {t.task_id for t in extension.tasks("parent")}
         cpu_begin, begin = time.process_time(), time.perf_counter()
-        await run_parent(extension, Timing(), steps)
-        results[variant]["wall"].append(time.perf_counter() - begin)
-        if variant != "in-process":  # the children's own CPU time, as the extension measured it
-            burners = [t for t in extension.tasks("parent") if t.task_id not in before]
-            results[variant]["cpu"].append(sum(t.cpu_seconds for t in burners))
-        else:  # everything ran in this process
-            results[variant]["cpu"].append(time.process_time() - cpu_begin)
+        statuses: set[str] = set()
+
+        async def read() -> None:
+            results[variant]["wall"].append(time.perf_counter() - begin)
+            burners = extension.tasks("parent")
+            statuses.update(t.status.value for t in burners)
+            if variant != "in-process":  # the children's own CPU time, as the extension saw it
+                results[variant]["cpu"].append(sum(t.cpu_seconds for t in burners))
+            else:  # everything ran in this process
+                results[variant]["cpu"].append(time.process_time() - cpu_begin)
+
+        await run_parent(extension, Timing(), steps, then=read)
         stop.set()
         await ticks
-        statuses = {t.status.value for t in extension.tasks("parent")}
         if statuses != {"completed"}:
             raise RuntimeError(f"{variant}: burners ended {statuses}")
 
@@ -747,25 +892,35 @@ async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[floa
                         final(),
                     ]
                     begin = time.perf_counter()
-                    await run_parent(extension, Timing(), steps)
-                    last = begin
-                    for _ in range(n):
-                        try:
-                            last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
-                        except TimeoutError:
-                            states = [(t.status.value, t.error) for t in extension.tasks("parent")]
-                            raise RuntimeError(f"{variant}: stuck: {states[:5]}") from None
-                    results[variant]["time"].append(last - begin)
-                    tasks = extension.tasks("parent")
-                    if variant == "in-process":
-                        results[variant]["uss"].append((uss_mib(os.getpid()) - gc_uss) / n)
-                    else:
-                        pids = [t.job.pid for t in tasks if t.job is not None and t.job.pid]
-                        if len(pids) != n:
-                            raise RuntimeError(f"{variant}: {len(pids)} of {n} children running")
-                        results[variant]["uss"].append(statistics.median(map(uss_mib, pids)))
-                    if any(t.done() for t in tasks):
-                        raise RuntimeError(f"{variant}: a child ended: {tasks[0].error}")
+
+                    async def measure(
+                        variant: str = variant,
+                        extension: Any = extension,
+                        begin: float = begin,
+                        gc_uss: float = gc_uss,
+                    ) -> None:
+                        last = begin
+                        for _ in range(n):
+                            try:
+                                last = await asyncio.wait_for(arrivals.get(), HANG_GUARD)
+                            except TimeoutError:
+                                states = [
+                                    (t.status.value, t.error) for t in extension.tasks("parent")
+                                ]
+                                raise RuntimeError(f"{variant}: stuck: {states[:5]}") from None
+                        results[variant]["time"].append(last - begin)
+                        tasks = extension.tasks("parent")
+                        if variant == "in-process":
+                            results[variant]["uss"].append((uss_mib(os.getpid()) - gc_uss) / n)
+                        else:
+                            pids = [t.job.pid for t in tasks if t.job is not None and t.job.pid]
+                            if len(pids) != n:
+                                raise RuntimeError(f"{variant}: {len(pids)} of {n} running")
+                            results[variant]["uss"].append(statistics.median(map(uss_mib, pids)))
+                        if any(t.done() for t in tasks):
+                            raise RuntimeError(f"{variant}: a child ended: {tasks[0].error}")
+
+                    await run_parent(extension, Timing(), steps, then=measure)
     finally:
         endpoint.close()
     return results
@@ -858,6 +1013,48 @@ def check_leftovers() -> None:
         raise SystemExit(f"the benchmark left processes behind: {left}")
 
 
+def _wait_forever() -> None:
+    from zett_agent.process import emit
+
+    emit("running")
+    time.sleep(3600)
+
+
+async def measure_cancel_waiting(variant: str, n: int = 50) -> dict[str, float]:
+    """(6): ``n`` children, most waiting for a CPU, cancelled at once; the parent's stall."""
+    cpus = os.cpu_count() or 2
+    if variant == "ray":
+        from zett_agent.runners.ray import RayRunner
+
+        runner: Any = RayRunner(RAY_ADDRESS)
+        submit = runner.submit_function
+        close = runner.close
+    else:
+        runner = ProcessPool(cpus)
+        await runner.start()
+
+        async def submit(fn: Callable[..., Any]) -> Any:
+            return runner.submit(fn)
+
+        close = runner.close
+    try:
+        jobs = [await submit(_wait_forever) for _ in range(n)]
+        running = jobs[: min(cpus, n)]
+        await asyncio.wait_for(asyncio.gather(*(anext(j.events()) for j in running)), HANG_GUARD)
+        lateness: list[float] = []
+        stop = asyncio.Event()
+        ticks = asyncio.get_running_loop().create_task(ticker(lateness, stop))
+        await asyncio.sleep(TICK * 4)  # a few ticks before, as a reference
+        begin = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*(job.cancel() for job in jobs)), HANG_GUARD)
+        took = time.perf_counter() - begin
+        stop.set()
+        await ticks
+    finally:
+        await close()
+    return {"stall": max(lateness), "took": took}
+
+
 async def bench_ray(quick: bool) -> None:
     """(1)-(4) for processes, Ray and the in-process baseline, side by side."""
     import ray
@@ -882,6 +1079,7 @@ async def bench_ray(quick: bool) -> None:
         cancel = {v: await measure_cancel_process(n_cancel, v) for v in ("process", "ray")}
         rounds = calibrate(seconds)
         cpu = await measure_cpu(k, rounds, repeats)
+        waiting = {v: await measure_cancel_waiting(v) for v in ("process", "ray")}
         total = time.perf_counter() - started
     finally:
         ray.shutdown()
@@ -930,6 +1128,18 @@ async def bench_ray(quick: bool) -> None:
             f"(4) parent loop stall during (3), {label}",
             *(ms(pct(cpu[v]["stall"], q)) for v in VARIANTS),
         )
+    line(
+        "(6) cancel 50 waiting children: parent loop stall, max",
+        ms(waiting["process"]["stall"]),
+        ms(waiting["ray"]["stall"]),
+        "-",
+    )
+    line(
+        "    the 50 cancels, wall",
+        ms(waiting["process"]["took"]),
+        ms(waiting["ray"]["took"]),
+        "-",
+    )
     print(
         "\n(2) in-process: the child spins inside the parent's only thread, so the parent's "
         "task_cancel never runs (see the run without --ray)."
@@ -1109,14 +1319,20 @@ def main() -> None:
     parser.add_argument(
         "--sandbox", action="store_true", help="only (1), with and without a Sandbox"
     )
+    parser.add_argument(
+        "--talk", action="store_true", help="only (6) task_message and (7) the store's cost"
+    )
     parser.add_argument("--probe-inprocess-cancel", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sandbox:
         asyncio.run(bench_sandbox(args.quick))
+    elif args.talk:
+        global RAY_ADDRESS
+        RAY_ADDRESS = args.ray or None
+        asyncio.run(bench_talk(args.quick, ray=args.ray is not None))
     elif args.probe_inprocess_cancel:
         asyncio.run(probe_inprocess_cancel(args.probe_inprocess_cancel))
     elif args.ray is not None:
-        global RAY_ADDRESS
         RAY_ADDRESS = args.ray or None
         asyncio.run(bench_ray(args.quick))
     elif args.running_only:

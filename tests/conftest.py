@@ -20,8 +20,13 @@ import psutil
 import pytest
 import uvloop
 
+from support.beacons import Beacons
+from support.containment import CONTAINMENTS, problem
+
+# support.ray_cluster sets Ray's environment when imported: here, before any test module can
+# import ray (which reads it once)
+from support.ray_cluster import ray_cluster, ray_leak_guard
 from zett_agent.process import _linux
-from zett_agent.process._cgroup import cgroup_problem
 
 
 def pytest_asyncio_loop_factories(
@@ -65,9 +70,6 @@ def _descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
 
 
-_NO_CGROUP = cgroup_problem()
-
-
 @pytest.fixture
 def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A FIFO a sibling job blocks on until the test writes a line, held open here so the
@@ -79,20 +81,40 @@ def fifo(tmp_path: Path) -> Iterator[tuple[str, int]]:
     os.close(keep)
 
 
-@pytest.fixture(params=["cgroup", "scan"])
+@pytest.fixture
+def beacons(tmp_path: Path) -> Iterator[Beacons]:
+    """The test's end of its children's beacons (``support.children.beacon``/``announce``)."""
+    b = Beacons(str(tmp_path / "beacons"))
+    yield b
+    b.close()
+
+
+@pytest.fixture(params=CONTAINMENTS)
 def containment(request: pytest.FixtureRequest) -> str:
-    """Each containment strategy of the engine; cgroup is skipped, saying why, where it cannot
-    work (no writable cgroup v2 hierarchy)."""
-    if request.param == "cgroup" and _NO_CGROUP is not None:
-        pytest.skip(f"no cgroup containment on this machine: {_NO_CGROUP}")
+    """Each containment strategy of the engine; one the machine cannot offer is skipped,
+    saying why (cgroup without a writable cgroup v2 hierarchy)."""
+    why = problem(request.param)
+    if why is not None:
+        pytest.skip(why)
     return str(request.param)
+
+
+__all__ = ["ray_cluster"]  # the session's Ray cluster, for every directory's Ray tests
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test that leaves a child process, a zombie, a thread or a file descriptor behind."""
+    """Fail a test that leaves a child process, a zombie, a thread or a file descriptor behind.
+
+    A test marked ``ray`` (here: the ``ray`` runner of a runner-parametrized test) gets the
+    session's Ray cluster before anything is counted, and Ray's leak guard.
+    """
     if request.node.get_closest_marker("allow_leaks"):
         yield
+        return
+    if request.node.get_closest_marker("ray"):
+        request.getfixturevalue("ray_cluster")
+        yield from ray_leak_guard(request)
         return
     fds_before = _open_fds()
     threads_before = {t.ident for t in threading.enumerate()}

@@ -12,22 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from support.scripts import offline_env, zett_agent
+
 HANG_GUARD = 120
-
-
-def offline_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-
-
-def zett_agent(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "zett_agent.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-        env=offline_env(),
-    )
 
 
 def folder(path: Path, files: int = 8) -> Path:

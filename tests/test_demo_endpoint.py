@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _openai_endpoint import OfflineEndpoint
+from support.openai_endpoint import OfflineEndpoint
 from zett_agent._demo._models import DemoChildModel, DemoParentModel
 from zett_agent._demo._scenario import PARENT_PROMPT
 from zett_agent.messages import AssistantMessage, UserMessage

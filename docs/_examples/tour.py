@@ -1,4 +1,4 @@
-"""The README's tour: a parent agent delegates an audit to a child agent in its own process.
+"""The tour: a parent agent delegates an audit to a child agent in its own process.
 
     uv run python docs/_examples/tour.py                     # offline (no key, no --base-url)
     OPENAI_API_KEY=... uv run python docs/_examples/tour.py  # the OpenAI API

@@ -11,8 +11,9 @@ package too), and ``OpenAIChatModel`` loads its HTTP client only when asked for.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from zett_agent._lazy import lazy_names
 
 if TYPE_CHECKING:
     from zett_agent.agent import Agent, AgentRunConfig, AgentRunContext
@@ -103,14 +104,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'zett_agent' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -59,10 +59,13 @@ class AgentClient:
         await self._agent.wait_idle()
 
     async def close(self) -> None:
-        """Close the agent; idempotent. See ``Agent.close``: its background requests are
-        cancelled, and its extensions release what they keep for the sessions it ran (the
-        background tasks of ``AsyncSubAgentExtension`` in those sessions are cancelled and
-        forgotten), so close a client when its sessions are done, not per request."""
+        """Close the agent; idempotent.
+
+        See ``Agent.close``: its background requests are cancelled, and its extensions release what
+        they keep for the sessions it ran (the background tasks of ``AsyncSubAgentExtension`` in
+        those sessions are cancelled and forgotten), so close a client when its sessions are done,
+        not per request.
+        """
         await self._agent.close()
 
     async def __aenter__(self) -> AgentClient:

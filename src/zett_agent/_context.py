@@ -1,8 +1,11 @@
-"""Per-request state shared by the runtime and the extensions: ``AgentRunContext``."""
+"""What one request shows its hooks: ``AgentRunContext``, and how it runs: ``AgentRunConfig``.
+
+The runtime's own state of the request is a ``RunState`` (``zett_agent._run``) the agent owns;
+the context holds it and exposes it through its documented API only.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -11,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from zett_agent._events import AgentEvent, MessageAppendedEvent
 from zett_agent._messages import AgentMessage, Message, UserMessage
 from zett_agent._model import Model, Usage
-from zett_agent._session import SessionData
 from zett_agent._tools import AgentTool
 
 if TYPE_CHECKING:
     from zett_agent._agent import Agent
+    from zett_agent._run import RunState
 
 __all__ = ["AgentRunConfig", "AgentRunContext"]
 
@@ -57,24 +60,17 @@ class AgentRunContext:
         self,
         agent: Agent,
         config: AgentRunConfig,
-        session: SessionData,
+        run: RunState,
         request_id: str,
         input_message: UserMessage | AgentMessage | None,
         system_prompt: str | None,
     ) -> None:
         self._agent = agent
         self._config = config
-        self._session = session
+        self._run = run
         self._request_id = request_id
         self._input_message = input_message
         self._system_prompt = system_prompt
-        self._tools: dict[str, AgentTool] = {}
-        self._tool_owners: dict[str, str] = {}
-        self._owner = "the agent"
-        self._unpublished: list[AgentEvent] = []
-        self._steering: list[UserMessage] = []
-        self._steered = asyncio.Event()
-        self._version = 0
         self.turn = 0
         """The current turn, 1-based; 0 before the first turn."""
         self.usage = Usage()
@@ -125,21 +121,20 @@ class AgentRunContext:
     @property
     def messages(self) -> tuple[Message, ...]:
         """The session's conversation so far (a snapshot)."""
-        return tuple(self._session.messages)
+        return tuple(self._run.session.messages)
 
     def add_message(self, message: Message) -> None:
         """Append a message to the session.
 
         A ``MessageAppendedEvent`` for it is published when the current hook returns.
         """
-        self._session.messages.append(message)
-        self._version += 1
-        self._unpublished.append(MessageAppendedEvent(self.session_id, message))
+        self._run.append(message)
+        self._run.unpublished.append(MessageAppendedEvent(self.session_id, message))
 
     def replace_messages(self, messages: Iterable[Message]) -> None:
         """Replace the whole conversation (for example with a summary); publishes nothing."""
-        self._session.messages[:] = list(messages)
-        self._version += 1
+        self._run.session.messages[:] = list(messages)
+        self._run.version += 1
 
     # --- system prompt and tools --------------------------------------------------------------
 
@@ -151,12 +146,12 @@ class AgentRunContext:
     @system_prompt.setter
     def system_prompt(self, value: str | None) -> None:
         self._system_prompt = value
-        self._version += 1
+        self._run.version += 1
 
     @property
     def tools(self) -> Mapping[str, AgentTool]:
         """The tools registered for this request, by name (read-only view)."""
-        return MappingProxyType(self._tools)
+        return MappingProxyType(self._run.tools)
 
     def register_tool(self, tool: AgentTool) -> None:
         """Offer ``tool`` to the model for the rest of this request.
@@ -168,26 +163,18 @@ class AgentRunContext:
         """
         if not isinstance(tool, AgentTool):
             raise TypeError(f"register_tool expects an AgentTool, got {type(tool).__name__}")
-        if tool.name in self._tools:
-            raise ValueError(
-                f"tool {tool.name!r} registered by {self._owner} conflicts with tool "
-                f"{tool.name!r} already registered by {self._tool_owners[tool.name]}; "
-                "tool names must be unique within a request"
-            )
-        self._tools[tool.name] = tool
-        self._tool_owners[tool.name] = self._owner
-        self._version += 1
+        self._run.register_tool(tool)
 
     # --- state and events ---------------------------------------------------------------------
 
     @property
     def state(self) -> dict[str, dict[str, Any]]:
         """The session's persistent state: one dictionary per extension name."""
-        return self._session.state
+        return self._run.session.state
 
     def session_state(self, name: str) -> dict[str, Any]:
         """The persistent state dictionary of one extension (created empty on first use)."""
-        return self._session.state.setdefault(name, {})
+        return self._run.session.state.setdefault(name, {})
 
     async def publish(self, event: AgentEvent) -> None:
         """Publish ``event`` to every extension's ``on_event`` (see ``Agent.publish``).
@@ -195,12 +182,12 @@ class AgentRunContext:
         Raises:
             Exception: whatever an ``on_event`` hook raises.
         """
-        await self._agent._publish_in(self, event)
+        await self._run.publish(self._run, self, event)
 
     @property
     def steering_pending(self) -> bool:
         """True when a steering message waits to be appended."""
-        return bool(self._steering)
+        return bool(self._run.steering)
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,7 @@
-"""Notifications the agent publishes while it runs requests."""
+"""Notifications the agent publishes while it runs requests.
+
+Its public names are listed once, in ``zett_agent.events``, which re-exports them.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +11,6 @@ from typing import ClassVar
 
 from zett_agent._messages import AssistantMessage, Message, ToolCall, ToolMessage
 from zett_agent._model import Usage
-
-__all__ = [
-    "RUN_CANCELLED",
-    "RUN_COMPLETED",
-    "RUN_FAILED",
-    "AgentEvent",
-    "EventType",
-    "InternalMessageEvent",
-    "MessageAppendedEvent",
-    "ModelTextDeltaEvent",
-    "RunCancelledEvent",
-    "RunCompletedEvent",
-    "RunFailedEvent",
-    "RunStartedEvent",
-    "ToolCalledEvent",
-    "ToolFinishedEvent",
-    "TurnFinishedEvent",
-    "TurnStartedEvent",
-]
 
 
 class EventType(enum.Enum):

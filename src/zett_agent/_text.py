@@ -1,4 +1,4 @@
-"""Text that must be valid Unicode before it reaches a model request.
+r"""Text that must be valid Unicode before it reaches a model request.
 
 A ``str`` may hold a lone surrogate (``"\\ud800"``): Python accepts it, UTF-8 cannot encode
 it, so a model request holding one fails as it is sent. Whatever a child agent, a runner or a
@@ -35,8 +35,10 @@ def valid_text(text: str) -> str:
 
 
 def valid_json(value: object) -> object:
-    """A copy of the JSON data ``value`` whose strings (keys included) went through
-    ``valid_text``. Iterative: nesting of any depth is walked without recursion."""
+    """A copy of the JSON data ``value`` whose strings (keys included) went through ``valid_text``.
+
+    Iterative: nesting of any depth is walked without recursion.
+    """
     root: list[object] = [None]
     #: (container to fill, key or index in it, value to copy)
     todo: list[tuple[object, object, object]] = [(root, 0, value)]

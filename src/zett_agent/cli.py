@@ -14,7 +14,8 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return the exit status."""
-    from zett_agent._demo._cli import add_parser
+    from zett_agent._demo import _cli as demo
+    from zett_agent._mcp import _cli as mcp
 
     parser = argparse.ArgumentParser(
         prog="zett-agent",
@@ -24,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_parser(commands)
+    demo.add_parser(commands)
+    mcp.add_parser(commands)
     args = parser.parse_args(argv)
     status: int = args.handler(args)
     return status

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from zett_agent._tools import (
-    AgentTool,
-    ToolArgumentError,
-    ToolResult,
-    UnknownToolError,
-    schema_for_function,
-    tool,
-    validate_arguments,
-)
+from zett_agent._tool_args import ToolArgumentError, validate_arguments
+from zett_agent._tool_schema import schema_for_function
+from zett_agent._tools import AgentTool, ToolResult, UnknownToolError, tool
 
 __all__ = [
     "AgentTool",

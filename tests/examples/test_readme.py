@@ -1,10 +1,13 @@
-"""The README's Python blocks are programs, and they run as written.
+"""The Python blocks of README.md and of every page in docs/ are programs, and they run as written.
 
-Every ```python block of README.md is either byte-identical to a program in ``docs/_examples/``
-(the long ones; the file is run by a test below) or is itself run, as is, in a fresh interpreter.
-So the README cannot drift from what works. Everything runs offline: the programs choose an
-offline model when neither ``OPENAI_API_KEY`` nor ``--base-url`` is given, and the tour is also run
-against an OpenAI-compatible endpoint on loopback to cover the real-model path.
+Every ```python block of README.md and of ``docs/**/*.md`` is either byte-identical to a program
+in ``docs/_examples/`` (the long ones; the file is run by a test below, or elsewhere where it
+needs a server or a Ray cluster) or is itself run, as is, in a fresh interpreter. A block right
+after the line ``<!-- notebook cell: run with top-level await in __main__ -->`` is run the way a
+notebook runs a cell: compiled with top-level ``await`` and run in ``__main__`` while an event
+loop runs. So the pages cannot drift from what works. Everything runs offline: the programs
+choose an offline model when neither ``OPENAI_API_KEY`` nor ``--base-url`` is given, and the tour
+is also run against an OpenAI-compatible endpoint on loopback to cover the real-model path.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from _openai_endpoint import OfflineEndpoint
+from support.openai_endpoint import OfflineEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-EXAMPLES = ROOT / "docs" / "_examples"
+DOCS = ROOT / "docs"
+EXAMPLES = DOCS / "_examples"
+#: every page whose Python blocks must run: the README and the documentation site's pages
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 HANG_GUARD = 120
 
 #: Each example program and a line its output must contain (None: not a script, tested elsewhere).
@@ -32,25 +38,55 @@ EXAMPLE_OUTPUT: dict[str, str | None] = {
     "tour.py": "The auditor says: ",
     "confined.py": "The child runs with umask 0077, RLIMIT_NPROC 64",
     "sandboxed.py": "private file: Permission denied; note in its scratch directory: ok",
+    "steering.py": "restored: task-2 failed - token budget exceeded (used 6000 of 1000 tokens)",
     "fastapi_app.py": None,  # an ASGI app: served by uvicorn in test_fastapi_example.py
     "ray_children.py": None,  # needs a Ray cluster: run on the test cluster in tests/ray_runner
+    "mcp_children.py": None,  # a definitions module: served by zett-agent mcp in tests/mcp_server
 }
 
 _FENCE = re.compile(r"^( *)```python\n(.*?)^\1```$", re.MULTILINE | re.DOTALL)
+NOTEBOOK_MARK = "<!-- notebook cell: run with top-level await in __main__ -->"
+
+#: Runs the file named by its argument as a notebook runs a cell: top-level ``await`` allowed,
+#: the cell's names in ``__main__`` (so what it defines travels by value, as from a notebook),
+#: inside a running event loop.
+NOTEBOOK_RUNNER = """
+import ast, asyncio, sys
+import __main__
+path = sys.argv[1]
+with open(path, encoding="utf-8") as handle:
+    cell = compile(handle.read(), path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+async def run_cell():
+    pending = eval(cell, vars(__main__))
+    if pending is not None:
+        await pending
+asyncio.run(run_cell())
+"""
 
 
-def python_blocks(text: str) -> list[tuple[int, str]]:
-    """``(line number, code)`` of every ```python block, un-indented as its fence is."""
+def python_blocks(text: str) -> list[tuple[int, str, bool]]:
+    """``(line number, code, is a notebook cell)`` of every ```python block, un-indented as its
+    fence is."""
     blocks = []
     for match in _FENCE.finditer(text):
         indent = len(match.group(1))
         lines = match.group(2).splitlines(keepends=True)
         code = "".join(line[indent:] if line.strip() else line.lstrip(" ") for line in lines)
-        blocks.append((text.count("\n", 0, match.start()) + 1, code))
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append((line, code, before == NOTEBOOK_MARK))
     return blocks
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+BLOCKS = [
+    (page_name(page), line, code, notebook)
+    for page in PAGES
+    for line, code, notebook in python_blocks(page.read_text(encoding="utf-8"))
+]
 
 
 def offline_env() -> dict[str, str]:
@@ -60,9 +96,10 @@ def offline_env() -> dict[str, str]:
     return env
 
 
-def run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run(path: Path, *args: str, notebook: bool = False) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", NOTEBOOK_RUNNER] if notebook else [sys.executable]
     return subprocess.run(
-        [sys.executable, str(path), *args],
+        [*command, str(path), *args],
         capture_output=True,
         text=True,
         timeout=HANG_GUARD,
@@ -73,23 +110,37 @@ def run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_python_blocks_are_found() -> None:
-    # The fence parser sees every block, the indented one in a list included.
-    assert len(BLOCKS) == README.read_text(encoding="utf-8").count("```python")
-    assert len(BLOCKS) >= 4
+    # The fence parser sees every block of every page, indented ones included.
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        assert len(python_blocks(text)) == text.count("```python"), page_name(page)
+    assert len([b for b in BLOCKS if b[0] == "README.md"]) >= 1
+    assert len(BLOCKS) >= 10
+    assert any(notebook for *_, notebook in BLOCKS)  # the notebook cell is found as one
 
 
-@pytest.mark.parametrize(("line", "code"), BLOCKS, ids=[f"README.md:{n}" for n, _ in BLOCKS])
-def test_every_python_block_is_a_program_that_runs(line: int, code: str, tmp_path: Path) -> None:
+def test_a_notebook_mark_names_the_block_right_after_it() -> None:
+    text = f"x\n\n{NOTEBOOK_MARK}\n```python\nawait f()\n```\n\n```python\nprint(1)\n```\n"
+    assert [notebook for _, _, notebook in python_blocks(text)] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("page", "line", "code", "notebook"), BLOCKS, ids=[f"{p}:{n}" for p, n, _, _ in BLOCKS]
+)
+def test_every_python_block_is_a_program_that_runs(
+    page: str, line: int, code: str, notebook: bool, tmp_path: Path
+) -> None:
     shown = {path.read_text(encoding="utf-8"): path for path in EXAMPLES.glob("*.py")}
     if code in shown:
         # A long example, shown whole: its file is run by test_example_programs_run.
         assert shown[code].name in EXAMPLE_OUTPUT
         return
-    program = tmp_path / f"readme_line_{line}.py"
+    program = tmp_path / f"{Path(page).stem}_line_{line}.py"
     program.write_text(code, encoding="utf-8")
-    done = run(program)
-    assert done.returncode == 0, f"README.md line {line} failed:\n{done.stderr}"
-    assert done.stdout.strip(), f"README.md line {line} printed nothing"
+    done = run(program, notebook=notebook)
+    assert done.returncode == 0, f"{page} line {line} failed:\n{done.stderr}"
+    assert done.stdout.strip(), f"{page} line {line} printed nothing"
+    assert "Traceback" not in done.stderr, f"{page} line {line}:\n{done.stderr}"
 
 
 def test_every_example_program_is_tested() -> None:

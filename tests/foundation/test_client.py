@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from support.recorders import Recorder, echo
 from zett_agent.agent import Agent, AgentRunConfig, AgentRunContext
 from zett_agent.client import AgentClient, create_agent
 from zett_agent.events import AgentEvent, InternalMessageEvent, RunCompletedEvent
 from zett_agent.extensions import Extension
 from zett_agent.messages import AgentMessage, AssistantMessage, UserMessage
 from zett_agent.testing import ScriptedModel
-
-from .helpers import Recorder, echo
 
 
 class Accepting(Extension):

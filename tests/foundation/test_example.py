@@ -1,4 +1,4 @@
-"""The guide's program runs unchanged, directly and through ``zett-agent demo``."""
+"""The async subagent example program runs unchanged, directly and through ``zett-agent demo``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ EXAMPLE = ROOT / "docs" / "_examples" / "async_subagent.py"
 EXPECTED = "Background task finished; child session is separate"
 
 
-def test_example_is_the_seed_program() -> None:
+def test_example_is_the_whole_program_from_docstring_to_asyncio_run() -> None:
     source = EXAMPLE.read_text(encoding="utf-8")
     assert source.startswith('"""Start a subagent in the background')
     assert source.endswith("    asyncio.run(main())\n")

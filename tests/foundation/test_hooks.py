@@ -1,4 +1,4 @@
-"""One test (at least) per row of SPEC section 3: each hook at its moment, with its power."""
+"""One test (at least) per hook: each hook at its moment, with its power."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from support.calls import call, calls, tool_call
+from support.recorders import EventLog, Recorder, cancelled_once, echo
 from zett_agent.agent import Agent, AgentRunConfig, AgentRunContext
 from zett_agent.events import (
     RUN_COMPLETED,
@@ -30,8 +32,6 @@ from zett_agent.messages import (
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent.testing import FunctionModel, ScriptedModel
 from zett_agent.tools import AgentTool, ToolResult, tool
-
-from .helpers import EventLog, Recorder, call, calls, echo
 
 
 def tool_messages(agent: Agent, session_id: str = "default") -> list[ToolMessage]:
@@ -257,11 +257,7 @@ async def test_default_on_model_request_closes_the_provider_stream_on_cancel() -
 
     events = EventLog()
     agent = Agent(HangingModel(), extensions=[Passthrough(), Subclassed(), events])
-    run = asyncio.create_task(agent.run("go"))
-    await started.wait()
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    await cancelled_once(agent, started)
 
     assert closed.is_set()
     assert events.types()[-1] == "RUN_CANCELLED"
@@ -303,7 +299,9 @@ async def test_before_tool_runs_before_each_invocation_even_for_unknown_tools() 
         async def before_tool(self, context: AgentRunContext, call: ToolCall) -> None:
             log.append(f"before {call.name}")
 
-    model = ScriptedModel([calls(("1", "work", {}), ("2", "nope", {})), "done"])
+    model = ScriptedModel(
+        [calls(tool_call("work", call_id="1"), tool_call("nope", call_id="2")), "done"]
+    )
     agent = Agent(model, extensions=[Before()], tools=[work])
 
     await agent.run("go")
@@ -424,7 +422,12 @@ async def test_after_tool_rewrites_results_and_sees_the_original_error() -> None
         ) -> None:
             seen.append(("second saw", result.content))
 
-    model = ScriptedModel([calls(("1", "echo", {"text": "a"}), ("2", "flaky", {})), "done"])
+    model = ScriptedModel(
+        [
+            calls(tool_call("echo", {"text": "a"}, call_id="1"), tool_call("flaky", call_id="2")),
+            "done",
+        ]
+    )
     agent = Agent(model, extensions=[Rewrite(), Second()], tools=[echo, flaky])
     await agent.run("go")
 
@@ -439,9 +442,9 @@ async def test_after_tool_rewrites_results_and_sees_the_original_error() -> None
     assert model.requests[1].messages[-2:] == (ok, failed)
 
 
-async def test_after_tool_modifies_the_result_in_place_as_the_seed_says() -> None:
-    """The seed: "Changes made to result are included in context, persistence, and the next
-    model request." In-place edits, no return value."""
+async def test_after_tool_edits_of_the_result_reach_context_persistence_and_next_request() -> None:
+    """Changes made to the result are included in context, persistence and the next model
+    request: in-place edits, no return value."""
     persisted: list[ToolMessage] = []
     shared = ToolResult("secret: hunter2")
 
@@ -527,7 +530,14 @@ async def test_after_turn_sees_completed_failed_and_steering_skipped_calls() -> 
             after_turn_views.append((context.turn, result, context.messages))
 
     model = ScriptedModel(
-        [calls(("1", "fast", {}), ("2", "broken", {}), ("3", "slow", {})), "steered answer"]
+        [
+            calls(
+                tool_call("fast", call_id="1"),
+                tool_call("broken", call_id="2"),
+                tool_call("slow", call_id="3"),
+            ),
+            "steered answer",
+        ]
     )
     agent = Agent(model, extensions=[Observe()], tools=[fast, broken, slow])
     run = asyncio.create_task(agent.run("go"))

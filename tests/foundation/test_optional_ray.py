@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from support.scripts import python_prints
 
 
 def test_importing_zett_agent_never_imports_ray() -> None:
@@ -15,7 +14,5 @@ def test_importing_zett_agent_never_imports_ray() -> None:
         "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
         "print(loaded)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "[]", out.stdout
+    printed = python_prints(code)
+    assert printed == "[]", printed

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from support.calls import call, calls, tool_call
+from support.recorders import EventLog, Recorder, cancelled_once, echo
 from zett_agent.agent import (
     Agent,
     AgentClosedError,
@@ -30,8 +32,6 @@ from zett_agent.model import (
 )
 from zett_agent.testing import FunctionModel, ScriptedModel, ScriptExhaustedError
 from zett_agent.tools import tool
-
-from .helpers import EventLog, Recorder, call, calls, echo
 
 # --- retries ----------------------------------------------------------------------------------
 
@@ -141,7 +141,9 @@ async def test_tool_calls_of_one_turn_run_concurrently_and_results_keep_call_ord
         await first_started.wait()
         return "two"
 
-    model = ScriptedModel([calls(("b", "second", {}), ("a", "first", {})), "done"])
+    model = ScriptedModel(
+        [calls(tool_call("second", call_id="b"), tool_call("first", call_id="a")), "done"]
+    )
     agent = Agent(model, tools=[first, second])
     await agent.run("go")
 
@@ -208,11 +210,7 @@ async def test_cancelling_the_caller_cancels_tools_and_publishes_run_cancelled()
         tools=[wait_forever],
         extensions=[Recorder(log), events],
     )
-    run = asyncio.create_task(agent.run("go"))
-    await started.wait()
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
+    await cancelled_once(agent, started)
 
     assert tool_cancelled.is_set()
     assert events.types()[-1] == "RUN_CANCELLED"
@@ -431,3 +429,36 @@ async def test_memory_error_in_a_tool_fails_the_request_instead_of_becoming_a_to
     with pytest.raises(MemoryError):
         await agent.run("go")
     await agent.close()
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+async def test_a_dropped_agent_and_its_run_contexts_are_freed_without_the_cycle_collector() -> None:
+    """Nothing of a finished request points back at its agent in a cycle: dropping the agent
+    frees it and every context at once, so a registry that holds agents weakly lets go of them
+    at once too (with the collector off, a cycle would keep them until the next collection)."""
+    import gc
+    import weakref
+
+    contexts: list[weakref.ref[AgentRunContext]] = []
+
+    class Watch(Extension):
+        async def on_tool(self, context: AgentRunContext) -> None:
+            contexts.append(weakref.ref(context))
+
+    model = ScriptedModel([call("echo", text="a"), call("echo", text="b"), "done", "summary"])
+    agent = Agent(model, tools=[echo], extensions=[Watch()])
+    assert (await agent.run("go")).content == "done"
+    await agent.compact()
+    await agent.close()
+    assert contexts
+    dropped = weakref.ref(agent)
+    gc.collect()
+    gc.disable()
+    try:
+        del agent, model
+        assert dropped() is None, gc.get_referrers(dropped()) if dropped() else ""
+        assert [ref for ref in contexts if ref() is not None] == []
+    finally:
+        gc.enable()

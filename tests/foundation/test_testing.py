@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import cloudpickle
 
+from support.calls import call
 from zett_agent.messages import AssistantMessage, UserMessage
 from zett_agent.model import (
     Model,
@@ -15,8 +16,6 @@ from zett_agent.model import (
     Usage,
 )
 from zett_agent.testing import FunctionModel, ScriptedModel, ScriptExhaustedError
-
-from .helpers import call
 
 REQUEST = ModelRequest(messages=(UserMessage("hi"),))
 

@@ -22,10 +22,10 @@ from typing import Any
 import _brokered_children as kids
 import cloudpickle
 import pytest
-from _openai_loopback import LoopbackServer, Reply, json_reply, sse
-from test_openai_chat_model import TEXT_STREAM, chunk, usage_chunk
 
-from _openai_endpoint import OfflineEndpoint
+from support.openai_chunks import TEXT_STREAM, chunk, usage_chunk
+from support.openai_endpoint import OfflineEndpoint
+from support.openai_loopback import LoopbackServer, Reply, json_reply, sse
 from zett_agent._model import ModelRequest, RetryOptions, ToolSpec
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
@@ -127,10 +127,14 @@ async def extension_on(
         yield ext
 
 
-async def run_parent(extension: AsyncSubAgentExtension, subagent_type: str) -> str:
+async def run_parent(
+    extension: AsyncSubAgentExtension, subagent_type: str, session_id: str = "parent"
+) -> str:
+    """Run a ``parent_step`` parent in ``session_id`` that starts a ``subagent_type`` task and
+    answers with its report; return that answer."""
     client = await create_agent(
         FunctionModel(parent_step),
-        config=AgentRunConfig(session_id="parent"),
+        config=AgentRunConfig(session_id=session_id),
         extensions=[extension],
     )
     async with client, asyncio.timeout(HANG_GUARD):
@@ -289,6 +293,24 @@ async def child_waiting(ready: str) -> int:
         return int(await asyncio.to_thread(_read_line, ready))
 
 
+@contextlib.asynccontextmanager
+async def child_held(ready: str, go_fd: int) -> AsyncIterator[int]:
+    """The pid of the child blocked in its ``wait_here`` tool (``child_waiting``), held there
+    until the block ends, on error too: then the test writes ``go`` and the child goes on."""
+    try:
+        yield await child_waiting(ready)
+    finally:
+        os.write(go_fd, b"go\n")
+
+
+async def environ_and_memory(pid: int, key: str) -> tuple[bytes, dict[bytes, bool]]:
+    """The environment of process ``pid``, and whether its memory holds ``key`` and the child's
+    system prompt (which it holds for sure: a scan that misses it is broken)."""
+    environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)
+    found = await asyncio.to_thread(memory_holds, pid, [key.encode(), b"You are the child."])
+    return environ, found
+
+
 @pytest.mark.parametrize("where", ["definition", "model=None"])
 @pytest.mark.parametrize("brokered", [True, False], ids=["brokered", "control-unbrokered"])
 async def test_the_key_is_in_neither_the_environment_nor_the_memory_of_the_child(
@@ -323,16 +345,9 @@ async def test_the_key_is_in_neither_the_environment_nor_the_memory_of_the_child
             )
             async with client:
                 run = asyncio.ensure_future(client.run("remote"))
-                try:
-                    pid = await child_waiting(ready)
+                async with child_held(ready, go_fd) as pid:
                     assert pid == only_task(extension).pid
-                    environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)
-                    # the system prompt is in the child's memory for sure: the scan must see it
-                    found = await asyncio.to_thread(
-                        memory_holds, pid, [key.encode(), b"You are the child."]
-                    )
-                finally:
-                    os.write(go_fd, b"go\n")
+                    environ, found = await environ_and_memory(pid, key)
                 async with asyncio.timeout(HANG_GUARD):
                     await run
             task = only_task(extension)
@@ -390,25 +405,13 @@ async def test_a_sandboxed_childs_key_stays_in_the_parent(
             ProcessPool(2, containment=containment) as pool,
             Recording([definition], runner=ProcessRunner(pool)) as extension,
         ):
-            client = await create_agent(
-                FunctionModel(parent_step),
-                config=AgentRunConfig(session_id="parent"),
-                extensions=[extension],
-            )
-            async with client:
-                run = asyncio.ensure_future(client.run("sandboxed"))
-                try:
-                    pid = await child_waiting(ready)
-                    environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)
-                    found = await asyncio.to_thread(
-                        memory_holds, pid, [key.encode(), b"You are the child."]
-                    )
-                finally:
-                    os.write(go_fd, b"go\n")
-                async with asyncio.timeout(HANG_GUARD):
-                    await run
-                task = only_task(extension)
-                info = extension.task_info(task)
+            run = asyncio.ensure_future(run_parent(extension, "sandboxed"))
+            async with child_held(ready, go_fd) as pid:
+                environ, found = await environ_and_memory(pid, key)
+            async with asyncio.timeout(HANG_GUARD):
+                await run
+            task = only_task(extension)
+            info = extension.task_info(task)
     assert task.status is SubAgentTaskStatus.COMPLETED, task.error
     assert info["sandbox"]["network"] == "none"
     assert info["broker"]["calls"] == 2
@@ -446,13 +449,7 @@ async def test_transient_errors_are_retried_by_the_child_and_a_bad_request_fails
             assert len(server.requests) == 3  # two transient failures, retried in the child
             assert extension.task_info(retried)["broker"] == {"calls": 3, "refused": 0}
 
-            client = await create_agent(
-                FunctionModel(parent_step),
-                config=AgentRunConfig(session_id="second"),
-                extensions=[extension],
-            )
-            async with client, asyncio.timeout(HANG_GUARD):
-                await client.run("remote")
+            await run_parent(extension, "remote", session_id="second")
             failed = extension.started[-1]  # type: ignore[attr-defined]
     assert failed.status is SubAgentTaskStatus.FAILED
     assert "HTTP 400" in (failed.error or "") and "no such parameter" in (failed.error or "")
@@ -471,25 +468,19 @@ async def test_a_child_that_dies_mid_stream_closes_the_upstream_request(
         model = OpenAIChatModel("test-model", base_url=server.url, api_key=new_key())
         definition = SubAgentDefinition("remote", "a child", "You are the child.", model=model)
         async with extension_on(containment, definition) as extension:
-            client = await create_agent(
-                FunctionModel(parent_step),
-                config=AgentRunConfig(session_id="parent"),
-                extensions=[extension],
-            )
-            async with client:
-                run = asyncio.ensure_future(client.run("remote"))
-                async with asyncio.timeout(HANG_GUARD):
-                    await server.holding.wait()  # the child's call is upstream, held open
-                task = only_task(extension)
-                assert server.gone == 0 and task.status is SubAgentTaskStatus.RUNNING
-                if how == "SIGKILL":
-                    assert task.pid is not None
-                    os.kill(task.pid, signal.SIGKILL)
-                else:
-                    await extension.cancel(task)
-                await server.until_gone(1)  # the provider request was closed
-                async with asyncio.timeout(HANG_GUARD):
-                    await run
+            run = asyncio.ensure_future(run_parent(extension, "remote"))
+            async with asyncio.timeout(HANG_GUARD):
+                await server.holding.wait()  # the child's call is upstream, held open
+            task = only_task(extension)
+            assert server.gone == 0 and task.status is SubAgentTaskStatus.RUNNING
+            if how == "SIGKILL":
+                assert task.pid is not None
+                os.kill(task.pid, signal.SIGKILL)
+            else:
+                await extension.cancel(task)
+            await server.until_gone(1)  # the provider request was closed
+            async with asyncio.timeout(HANG_GUARD):
+                await run
     assert task.status in (SubAgentTaskStatus.FAILED, SubAgentTaskStatus.CANCELLED)
     if how == "SIGKILL":
         assert "SIGKILL" in (task.error or "")
@@ -558,17 +549,11 @@ async def test_a_hostile_child_gets_errors_and_the_parent_stays_unharmed(
             answer = await run
             attacker = only_task(extension)
             info = extension.task_info(attacker)
-            client = await create_agent(
-                FunctionModel(parent_step),
-                config=AgentRunConfig(session_id="second"),
-                extensions=[extension],
-            )
-            async with client, asyncio.timeout(HANG_GUARD):
-                second = await client.run("calm")
+            second = await run_parent(extension, "calm", session_id="second")
 
     assert attacker.status is SubAgentTaskStatus.COMPLETED, attacker.error
     assert json.loads(answer)["content"] == "Hello"
-    assert json.loads(second.content)["content"] == "Hello"
+    assert json.loads(second)["content"] == "Hello"
     report = json.loads(server.requests[-2].body["messages"][-1]["content"])
     assert report["after"] == "Hello"  # served after all that
     answers = report["answers"]
@@ -646,16 +631,13 @@ async def test_a_brokered_childs_own_children_relay_through_it_and_hold_no_key(
         )
         async with Recording([orchestrator], runner=ProcessRunner(broker=True)) as ext:
             run = asyncio.ensure_future(run_parent(ext, "orchestrator"))
-            grandchild = await child_waiting(ready)
-            child = only_task(ext).pid
-            assert child is not None and grandchild != child
-            try:
+            async with child_held(ready, go_fd) as grandchild:
+                child = only_task(ext).pid
+                assert child is not None and grandchild != child
                 seen = {
                     pid: await asyncio.to_thread(memory_holds, pid, [key.encode(), b"grandchild."])
                     for pid in (child, grandchild)
                 }
-            finally:
-                os.write(go_fd, b"go\n")
             answer_text = await run
     assert json.loads(answer_text)["content"] == "relayed: the grandchild's report"
     for pid, found in seen.items():

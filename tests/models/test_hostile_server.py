@@ -16,9 +16,9 @@ import re
 from typing import Any
 
 import pytest
-from _openai_loopback import LoopbackServer, Reply, collect, json_reply, sse
-from test_openai_chat_model import HELLO, TEXT_STREAM, chunk, completed, raises
 
+from support.openai_chunks import HELLO, TEXT_STREAM, chunk, completed, raises
+from support.openai_loopback import LoopbackServer, Reply, collect, json_reply, sse
 from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from zett_agent.model import ModelError, ModelEvent, ModelRequest, ToolSpec, TransientModelError
 from zett_agent.models import _http, _http_readers, _openai, _openai_wire
@@ -152,7 +152,7 @@ async def stream_until_error(reply: Reply) -> tuple[list[ModelEvent], ModelError
 async def test_a_streamed_answer_is_held_only_up_to_the_response_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The 160 MiB answer of the issue, scaled down: text deltas without end."""
+    """An endless answer (160 MiB and more), scaled down: text deltas without end."""
     monkeypatch.setattr(_openai, "_MAX_RESPONSE_BYTES", 200_000)
     event = sse(chunk({"content": "x" * 1000}), done=False)[0]
     events, error = await stream_until_error(Reply(raw=[SSE_HEAD + b"\r\n"], flood=event))

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from _openai_loopback import (
+
+from support.openai_chunks import HELLO, TEXT_STREAM, chunk, completed, raises
+from support.openai_loopback import (
     TEST_CA,
     LoopbackServer,
     Reply,
@@ -27,8 +29,6 @@ from _openai_loopback import (
     server_tls,
     sse,
 )
-from test_openai_chat_model import HELLO, TEXT_STREAM, chunk, completed, raises
-
 from zett_agent.model import ModelError, ModelEvent, TransientModelError
 from zett_agent.models import _http, _openai
 from zett_agent.models._http import proxy_for

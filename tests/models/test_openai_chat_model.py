@@ -13,7 +13,11 @@ from typing import Any, cast
 import cloudpickle
 import pytest
 import uvloop
-from _openai_loopback import (
+
+import zett_agent.models
+import zett_agent.models.openai
+from support.openai_chunks import HELLO, TEXT_STREAM, chunk, completed, raises, usage_chunk
+from support.openai_loopback import (
     LoopbackServer,
     Reply,
     TunnelProxy,
@@ -22,9 +26,6 @@ from _openai_loopback import (
     served_in_thread,
     sse,
 )
-
-import zett_agent.models
-import zett_agent.models.openai
 from zett_agent.messages import (
     AgentMessage,
     AssistantMessage,
@@ -36,7 +37,6 @@ from zett_agent.model import (
     Model,
     ModelError,
     ModelEvent,
-    ModelEventKind,
     ModelRequest,
     RetryOptions,
     ToolSpec,
@@ -48,51 +48,6 @@ from zett_agent.models._openai_wire import SSEDecoder, decode_event
 from zett_agent.models.openai import OpenAIChatModel
 
 HANG_GUARD = 10.0
-HELLO = ModelRequest(messages=(UserMessage("hi"),))
-
-
-def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-
-
-def usage_chunk(prompt: int, completion: int) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "choices": [],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
-    }
-
-
-TEXT_STREAM = sse(
-    chunk({"role": "assistant", "content": ""}),
-    chunk({"content": "Hel"}),
-    chunk({"content": "lo"}),
-    chunk({}, finish="stop"),
-    usage_chunk(12, 3),
-)
-
-
-def completed(events: list[ModelEvent]) -> Any:
-    assert events[-1].kind is ModelEventKind.COMPLETED
-    assert all(e.kind is ModelEventKind.TEXT_DELTA for e in events[:-1])
-    return events[-1].response
-
-
-async def raises(model: OpenAIChatModel, request: ModelRequest = HELLO) -> ModelError:
-    with pytest.raises(ModelError) as info:
-        await collect(model.stream(request))
-    return info.value
-
-
 # --- the public surface -------------------------------------------------------------------------
 
 

@@ -7,9 +7,8 @@ import json
 import os
 import sys
 
-from _openai_loopback import LoopbackServer, Reply, sse
-from test_openai_chat_model import TEXT_STREAM, chunk, usage_chunk
-
+from support.openai_chunks import TEXT_STREAM, chunk, usage_chunk
+from support.openai_loopback import LoopbackServer, Reply, sse
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus

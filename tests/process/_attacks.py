@@ -1,8 +1,10 @@
 """Jobs that attack the engine's containment the way a hostile (or buggy) child would.
 
-Every process they start records itself in a file as ``pid starttime`` (``record``), so a test
-can check each one is dead even after its pid was reused (a fork bomb wraps pids around fast).
-Shipped to the workers by value (see ``conftest.py``).
+Every process they start records itself in a file as ``pid starttime``
+(``support.survivors.record``), so a test can check each one is dead even after its pid was
+reused (a fork bomb wraps pids around fast). Shipped to the workers by value (see
+``conftest.py``); ``record`` travels by reference (the workers inherit the host's ``sys.path``,
+which holds ``tests/``).
 """
 
 from __future__ import annotations
@@ -16,21 +18,10 @@ import threading
 import time
 from typing import Any
 
+from support.survivors import record
 from zett_agent.process import emit
 
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def record(path: str) -> None:
-    """Append ``pid starttime`` of the calling process to ``path`` (one write: atomic)."""
-    with open(f"/proc/{os.getpid()}/stat", "rb") as handle:
-        data = handle.read()
-    start = data[data.rfind(b")") + 2 :].split()[19].decode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, f"{os.getpid()} {start}\n".encode())
-    finally:
-        os.close(fd)
 
 
 def _sleep_forever() -> None:
@@ -130,13 +121,13 @@ def kill_the_launcher(path: str) -> None:
     """Start a plain and a ``setsid`` grandchild, then SIGKILL our own parent (the launcher)."""
     record(path)
     code = (
-        "import sys, time; sys.path[:0] = [sys.argv[1]]; import _attacks; "
-        "_attacks.record(sys.argv[2]); print(flush=True); time.sleep(600)"
+        "import sys, time; sys.path[:0] = [sys.argv[1]]; from support.survivors import record; "
+        "record(sys.argv[2]); print(flush=True); time.sleep(600)"
     )
-    here = os.path.dirname(os.path.abspath(__file__))
-    plain = subprocess.Popen([sys.executable, "-c", code, here, path], stdout=subprocess.PIPE)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    plain = subprocess.Popen([sys.executable, "-c", code, tests, path], stdout=subprocess.PIPE)
     escaped = subprocess.Popen(
-        [sys.executable, "-c", code, here, path], stdout=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", code, tests, path], stdout=subprocess.PIPE, start_new_session=True
     )
     for child in (plain, escaped):
         assert child.stdout is not None

@@ -1,4 +1,5 @@
-"""Job functions run by the process engine tests (sent to workers by value)."""
+"""Job functions run by the process engine tests (sent to workers by value; what they use of
+``support.children`` travels by reference: the workers inherit the host's ``sys.path``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from support.children import setsid_escapee
 from zett_agent.process import _protocol, emit
 
 
@@ -96,17 +98,7 @@ def write_garbage(data: bytes) -> None:
 def spawn_tree() -> None:
     """Start a grandchild, and a double-forked ``setsid`` grandchild; emit all pids; sleep."""
     sleeper = subprocess.Popen(["sleep", "600"])
-    read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.write(write_end, str(os.getpid()).encode())
-            time.sleep(600)
-        os._exit(0)
-    os.waitpid(middle, 0)
-    escaped = int(os.read(read_end, 32))
-    emit([os.getpid(), sleeper.pid, escaped])
+    emit([os.getpid(), sleeper.pid, setsid_escapee()])
     time.sleep(600)
 
 

@@ -1,4 +1,4 @@
-"""Containment, tried as a hostile child would: every way the red team broke the engine, under
+"""Containment, tried as a hostile child would: every known way to break out of the engine, under
 both containment strategies and both event loops. Each test ends with every process the job
 started dead (checked by pid and start time, so a reused pid cannot pass for a survivor) and a
 sibling job completing in the same pool."""
@@ -19,7 +19,10 @@ from typing import Any
 import psutil
 import pytest
 
-from _reaping import reap_adopted
+from support.jobs import GUARD, first_event, outcome, until
+from support.liveness import alive
+from support.reaping import reap_adopted
+from support.survivors import survivors
 from zett_agent.process import (
     JobCancelled,
     JobStatus,
@@ -33,28 +36,9 @@ from zett_agent.process import (
 )
 
 from . import _attacks, _jobs
-from ._helpers import GUARD, alive, first_event, outcome, until
 
 #: every process of a job must be dead this long after its result, cancel or timeout
 BOUND = 2.0
-
-
-def survivors(path: Path) -> list[tuple[int, str]]:
-    """The processes recorded in ``path`` (by ``_attacks.record``) that are still alive."""
-    found = []
-    if not path.exists():
-        return found
-    for line in path.read_text().splitlines():
-        pid, start = int(line.split()[0]), line.split()[1]
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if fields[19].decode() == start and fields[0] not in (b"Z", b"X"):
-            found.append((pid, start))
-    return found
 
 
 def recorded(path: Path) -> int:
@@ -89,7 +73,7 @@ async def pool_with_sibling(
             assert await pool.submit(_jobs.add, 2, 3) == 5
 
 
-# -- 1. a tree that forks faster than the kill -------------------------------------------------
+# -- a tree that forks faster than the kill ----------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["cancel", "timeout"])
@@ -116,7 +100,7 @@ async def test_a_growing_tree_is_killed_whole(
         assert len(recorded.splitlines()) >= 40
 
 
-# -- 3. processes outliving a finished job ----------------------------------------------------
+# -- processes outliving a finished job -------------------------------------------------------
 
 
 async def test_a_forged_early_result_still_ends_the_job(
@@ -157,7 +141,7 @@ async def test_a_reused_worker_that_a_job_left_a_thread_in_is_retired(
         await all_dead(record)
 
 
-# -- 4. an exit status the supervisor once took for "clean" ----------------------------------
+# -- an exit status the supervisor once took for "clean" -------------------------------------
 
 
 @pytest.mark.parametrize("status", [90, 0, 7])
@@ -171,7 +155,7 @@ async def test_no_exit_status_leaves_a_process_behind(
         assert survivors(record) == []
 
 
-# -- 5. the job switches the subreaper flag off ----------------------------------------------
+# -- the job switches the subreaper flag off -------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["return", "cancel", "timeout"])
@@ -198,7 +182,7 @@ async def test_an_escapee_past_a_cleared_subreaper_is_killed(
             assert survivors(record) == []
 
 
-# -- 6. and 7. the job signals its own parent, the launcher ----------------------------------
+# -- the job signals its own parent, the launcher --------------------------------------------
 
 
 async def test_a_stopped_launcher_neither_blocks_kills_nor_the_pool(
@@ -274,7 +258,7 @@ async def test_a_killed_launcher_is_replaced_and_its_trees_killed(
     reap_adopted()
 
 
-# -- 8. a small frame that decodes into gigabytes ---------------------------------------------
+# -- a small frame that decodes into gigabytes ------------------------------------------------
 
 
 async def test_amplifying_json_fails_its_job_within_the_memory_budget(
@@ -285,7 +269,7 @@ async def test_amplifying_json_fails_its_job_within_the_memory_budget(
         me = psutil.Process()
         before = me.memory_info().rss
         peak = before
-        # 6 MB of JSON that would decode into ~150 MiB (the red team's 60 MB into 1.5 GiB is
+        # 6 MB of JSON that would decode into ~150 MiB (60 MB into 1.5 GiB is
         # measured in benchmarks/bench_process.py --amplify; the mechanism is the same)
         job = pool.submit(_attacks.amplify, 2 << 20)
         while not job.done():
@@ -303,11 +287,11 @@ async def test_amplifying_json_fails_its_job_within_the_memory_budget(
             await asyncio.sleep(0.005)
         assert await job == "emitted"
         assert job.dropped_events > 0
-        assert job._held <= budget
+        assert job._core.held <= budget
         assert peak - before < 2 * budget, f"the parent grew by {(peak - before) >> 20} MiB"
 
 
-# -- 10. data JSON would change ----------------------------------------------------------------
+# -- data JSON would change --------------------------------------------------------------------
 
 
 async def test_results_with_keys_json_would_change_are_refused(containment: str) -> None:
@@ -498,11 +482,11 @@ def test_report_helper_parses_records(tmp_path: Path) -> None:
     assert json.loads("[]") == []
 
 
-# -- 2. the host dies while a tree grows ------------------------------------------------------
+# -- the host dies while a tree grows ---------------------------------------------------------
 
 HOST = """
 import asyncio, os, sys
-sys.path.insert(0, sys.argv[3])
+sys.path[:0] = [sys.argv[3], sys.argv[4]]  # _attacks, and the support package it imports
 import cloudpickle, _attacks
 cloudpickle.register_pickle_by_value(_attacks)
 from zett_agent.process import ProcessPool
@@ -530,6 +514,7 @@ async def test_a_host_killed_while_a_tree_grows_leaves_nothing(
         containment,
         str(record),
         str(Path(__file__).parent),
+        str(Path(__file__).parents[1]),
         stdout=asyncio.subprocess.PIPE,
     )
     assert host.stdout is not None

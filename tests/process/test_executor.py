@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from support.jobs import GUARD
+from support.liveness import alive
 from zett_agent.process import (
     JobFailed,
     ProcessPool,
@@ -28,7 +30,6 @@ from zett_agent.process import (
 )
 
 from . import _jobs
-from ._helpers import GUARD, alive
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_the_context_manager_shuts_down_and_leaves_nothing(containment: str) -> 
         assert executor.submit(_jobs.add, 2, 3).result(GUARD) == 5
         pool = executor.pool
     assert not executor._thread.is_alive()
-    assert pool._closed
+    assert pool._engine.closed
     with pytest.raises(RuntimeError):
         executor.submit(pow, 2, 2)
 

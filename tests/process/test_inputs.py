@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from support.jobs import outcome
 from zett_agent.process import (
     LimitExceeded,
     PoolClosed,
@@ -22,7 +23,6 @@ from zett_agent.process import (
 )
 
 from . import _jobs
-from ._helpers import outcome
 
 
 @pytest.mark.parametrize(

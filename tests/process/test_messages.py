@@ -9,12 +9,12 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from support.jobs import GUARD, first_event, outcome
 from zett_agent.process import JobStatus, ProcessJob, ProcessPool
 from zett_agent.process import _job as job_module
 from zett_agent.process._inbox import receive, receive_blocking
 
 from . import _jobs, _message_jobs
-from ._helpers import GUARD, first_event, outcome
 
 cloudpickle.register_pickle_by_value(_message_jobs)
 
@@ -40,53 +40,48 @@ async def test_messages_arrive_in_the_order_sent(containment: str, kind: str) ->
             assert await job == sent
 
 
-async def test_each_topic_is_its_own_queue() -> None:
+#: what each child shows, by the test's name for it: the child, what the test sends it
+#: (``(message, topic)`` pairs, in order) and what the child must answer
+RECEIVING: dict[str, tuple[Any, list[tuple[Any, str]], Any]] = {
+    "each-topic-is-its-own-queue": (
+        _message_jobs.topics_in_their_order,
+        [(f"{t}{i}", t) for i in range(3) for t in "ab"],
+        {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"]},
+    ),
+    "receivers-wait-at-once-on-two-topics": (
+        _message_jobs.concurrent_receivers,
+        [("for x", "x"), ("for y", "y")],
+        ["for y", "for x"],
+    ),
+    "a-cancelled-receive-takes-no-message": (
+        _message_jobs.cancelled_receive_loses_nothing,
+        [("kept", "")],
+        ["kept"],
+    ),
+    "a-thread-and-the-loop-receive-side-by-side": (
+        _message_jobs.receive_in_a_thread_and_the_loop,
+        [("to the thread", "thread"), ("to the loop", "loop")],
+        ["to the loop", "to the thread"],
+    ),
+    "a-job-on-its-own-uvloop-receives": (
+        _message_jobs.receive_under_uvloop,
+        [(42, "")],
+        [42, "uvloop"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("fn", "sends", "expected"), RECEIVING.values(), ids=RECEIVING)
+async def test_a_running_job_receives_what_is_sent(
+    fn: Any, sends: list[tuple[Any, str]], expected: Any
+) -> None:
     async with ProcessPool(1) as pool:
-        job = pool.submit(_message_jobs.topics_in_their_order)
+        job = pool.submit(fn)
         await _running(job)
-        for i in range(3):
-            await job.send(f"a{i}", topic="a")
-            await job.send(f"b{i}", topic="b")
+        for message, topic in sends:
+            await job.send(message, topic=topic)
         async with asyncio.timeout(GUARD):
-            assert await job == {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"]}
-
-
-async def test_receivers_wait_at_once_on_two_topics() -> None:
-    async with ProcessPool(1) as pool:
-        job = pool.submit(_message_jobs.concurrent_receivers)
-        await _running(job)
-        await job.send("for x", topic="x")
-        await job.send("for y", topic="y")
-        async with asyncio.timeout(GUARD):
-            assert await job == ["for y", "for x"]
-
-
-async def test_a_cancelled_receive_takes_no_message() -> None:
-    async with ProcessPool(1) as pool:
-        job = pool.submit(_message_jobs.cancelled_receive_loses_nothing)
-        await _running(job)
-        await job.send("kept")
-        async with asyncio.timeout(GUARD):
-            assert await job == ["kept"]
-
-
-async def test_a_thread_and_the_loop_receive_side_by_side() -> None:
-    async with ProcessPool(1) as pool:
-        job = pool.submit(_message_jobs.receive_in_a_thread_and_the_loop)
-        await _running(job)
-        await job.send("to the thread", topic="thread")
-        await job.send("to the loop", topic="loop")
-        async with asyncio.timeout(GUARD):
-            assert await job == ["to the loop", "to the thread"]
-
-
-async def test_a_job_on_its_own_uvloop_receives() -> None:
-    async with ProcessPool(1) as pool:
-        job = pool.submit(_message_jobs.receive_under_uvloop)
-        await _running(job)
-        await job.send(42)
-        async with asyncio.timeout(GUARD):
-            assert await job == [42, "uvloop"]
+            assert await job == expected
 
 
 async def test_a_blocking_receive_times_out() -> None:
@@ -108,12 +103,12 @@ async def test_a_job_that_does_not_read_makes_send_wait_with_a_bounded_queue(
         frame = len(job._message_frame(chunk, ""))
         sent = 0
         # every send completes at once while the socket and the host's queue have room
-        while job._channel is None or job._channel.message_bytes + frame <= job._max_send:
+        while job._core.channel is None or job._core.channel.message_bytes + frame <= job._max_send:
             await job.send(chunk)
             sent += 1
-            assert job._channel is not None
-            assert job._channel.message_bytes <= job_module.SEND_BUFFER_BYTES
-        assert job._channel.message_bytes > 0  # the socket is full: the rest is held here
+            assert job._core.channel is not None
+            assert job._core.channel.message_bytes <= job_module.SEND_BUFFER_BYTES
+        assert job._core.channel.message_bytes > 0  # the socket is full: the rest is held here
         blocked = asyncio.ensure_future(job.send(chunk))
         for _ in range(5):
             await asyncio.sleep(0)
@@ -121,7 +116,7 @@ async def test_a_job_that_does_not_read_makes_send_wait_with_a_bounded_queue(
         later = asyncio.ensure_future(job.send("stop"))  # queues behind the blocked sender
         await asyncio.sleep(0)
         assert not later.done()
-        assert job._channel.message_bytes <= job_module.SEND_BUFFER_BYTES
+        assert job._core.channel.message_bytes <= job_module.SEND_BUFFER_BYTES
         os.write(go, b"go\n")
         async with asyncio.timeout(GUARD):
             await blocked
@@ -168,7 +163,7 @@ async def test_killing_the_job_wakes_a_waiting_sender(fifo: tuple[str, int]) -> 
         with pytest.raises(RuntimeError, match=r"being stopped|cancelled"):
             async with asyncio.timeout(GUARD):
                 await waiting
-        assert job._channel is None  # the job let go of the worker's channel
+        assert job._core.channel is None  # the job let go of the worker's channel
 
 
 @pytest.mark.parametrize("first_reads", [True, False], ids=["first-read-one", "first-read-none"])

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from support.jobs import GUARD, first_event, outcome
+from support.liveness import alive
 from zett_agent.process import (
     JobFailed,
     JobStatus,
@@ -22,7 +24,6 @@ from zett_agent.process import (
 from zett_agent.process._protocol import HEADER
 
 from . import _jobs
-from ._helpers import GUARD, alive, first_event, outcome
 
 
 def _frame(payload: bytes) -> bytes:

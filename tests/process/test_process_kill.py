@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support.jobs import GUARD, first_event, outcome
+from support.liveness import alive
 from zett_agent.process import (
     JobCancelled,
     JobStatus,
@@ -20,7 +22,6 @@ from zett_agent.process import (
 )
 
 from . import _jobs
-from ._helpers import GUARD, alive, first_event, outcome
 
 
 async def test_cancel_a_pure_cpu_loop(containment: str) -> None:
@@ -147,3 +148,28 @@ async def test_a_job_never_leaves_processes_behind(containment: str) -> None:
         assert not alive(child)  # the crash is reported only once the tree is gone
         leftover = await pool.submit(_jobs.leave_background_child)
     assert not alive(leftover)
+
+
+async def test_wait_gone_returns_once_what_a_job_left_is_dead(containment: str) -> None:
+    """A result can arrive a moment before the job's tree is gone; ``wait_gone`` waits for the
+    pool's confirmation (its worker buried), and returns at once for a job that never ran."""
+    async with ProcessPool(1, containment=containment) as pool:
+        info = pool.containment_info
+        assert info["launcher_pid"] == pool._launcher.pid  # type: ignore[union-attr]
+        assert ("cgroup" in info) is (containment == "cgroup"), info
+        job = pool.submit(_jobs.leave_background_child)
+        queued = pool.submit(_jobs.add, 1, 2)
+        await queued.cancel()  # dropped before it ran
+        async with asyncio.timeout(GUARD):
+            await queued.wait_gone()
+            leftover = await job
+            await job.wait_gone()
+        assert not alive(leftover)
+        await job.wait_gone()  # at once, again
+        reused = ProcessPool(1, containment=containment, max_jobs_per_worker=2)
+    async with reused:
+        async with asyncio.timeout(GUARD):
+            first = reused.submit(_jobs.getpid)
+            pid = await first
+            await first.wait_gone()  # found clean: its tree is the worker, which lives on
+            assert await reused.submit(_jobs.getpid) == pid

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 import zett_agent.process as process
+from support.jobs import GUARD, first_event, outcome
+from support.liveness import alive
 from zett_agent.process import (
     JobFailed,
     JobStatus,
@@ -22,7 +24,6 @@ from zett_agent.process import (
 )
 
 from . import _jobs
-from ._helpers import GUARD, alive, first_event, outcome
 
 
 def test_exports_match_all() -> None:
@@ -143,7 +144,7 @@ async def test_events_stream_in_order_with_backpressure() -> None:
         seen = []
         async with asyncio.timeout(GUARD):
             async for event in job.events():
-                assert len(job._events) <= bound
+                assert len(job._core.events) <= bound
                 seen.append(event)
             assert await job == n
     assert seen == list(range(n))
@@ -246,32 +247,33 @@ async def test_a_spare_that_took_a_job_is_replaced() -> None:
     async with ProcessPool(4, spare_workers=2) as pool:
         async with asyncio.timeout(GUARD):
             assert await pool.submit(_jobs.add, 1, 2) == 3
-            while pool._spawning:  # the replacement of the first job's worker
+            while pool._engine.spawning:  # the replacement of the first job's worker
                 await first_worker_message(pool)
-            assert len(pool._idle) == 2
+            assert len(pool._engine.idle) == 2
             job = pool.submit(_jobs.ready_then_spin)
-            assert (len(pool._idle), pool._spawning) == (1, 0)
-            assert pool._replace_timer is not None
+            assert (len(pool._engine.idle), pool._engine.spawning) == (1, 0)
+            assert pool._engine.replace_timer is not None
             await first_worker_message(pool)
-            assert len(pool._idle) == 2
+            assert len(pool._engine.idle) == 2
             await job.cancel()
 
 
 async def first_worker_message(pool: ProcessPool) -> None:
     """Return once the launcher handed the pool a new worker."""
     arrived = asyncio.get_running_loop().create_future()
-    handle = pool.on_worker
+    engine = pool._engine
+    handle = engine.on_worker
 
     def spy(launcher: Any, message: dict[str, Any], fds: list[int]) -> None:
         handle(launcher, message, fds)
         if not arrived.done():
             arrived.set_result(None)
 
-    pool.on_worker = spy  # type: ignore[method-assign]
+    engine.on_worker = spy  # type: ignore[method-assign]
     try:
         await arrived
     finally:
-        del pool.on_worker
+        del engine.on_worker
 
 
 async def test_a_forked_copy_of_the_job_never_answers() -> None:
@@ -330,3 +332,33 @@ def test_plain_pickle_only_where_cloudpickle_would_pickle_by_reference() -> None
 async def test_workers_start_at_the_pools_niceness() -> None:
     async with ProcessPool(1, nice=7) as pool:
         assert await pool.submit(_jobs.niceness) == os.nice(0) + 7
+
+
+async def test_spares_run_an_event_loop_ahead_only_once_the_pool_ran_a_coroutine_job() -> None:
+    """A spare's event-loop warm-up costs it memory of its own: pools whose jobs are plain
+    functions never ask for it; once a coroutine function was submitted, every spare started
+    from then on does (``_worker._warm_up``)."""
+    async with ProcessPool(1, spare_workers=1) as pool:
+        engine = pool._engine
+        assert engine.supervisor is not None
+        supervisor = engine.supervisor
+        asked: list[dict[str, Any]] = []
+        request = supervisor.request
+
+        def spy(message: dict[str, Any]) -> bool:
+            if message.get("op") == "spawn":
+                asked.append(message)
+            return request(message)
+
+        supervisor.request = spy  # type: ignore[method-assign]
+        try:
+            async with asyncio.timeout(GUARD):
+                for n in range(3):
+                    assert await pool.submit(_jobs.add, n, 1) == n + 1
+                plain = list(asked)
+                for n in range(3):  # each worker runs one job: spares replace them
+                    assert await pool.submit(_jobs.async_add, n, 2) == n + 2
+        finally:
+            del supervisor.request
+    assert plain and not any(message["loop"] for message in plain), plain
+    assert asked[len(plain) :] and all(message["loop"] for message in asked[len(plain) :]), asked

@@ -22,14 +22,15 @@ from zett_agent.process import Sandbox, _landlock, _sandbox, _scratch, sandbox_s
         ({"read": "/etc"}, TypeError, "list of paths"),
         ({"read": [1]}, TypeError, "str or os.PathLike"),
         ({"write": ["relative/dir"]}, ValueError, "absolute"),
-        ({"network": "some"}, ValueError, "'none' or 'all'"),
+        ({"network": "some"}, ValueError, "one of none, all"),
+        ({"network": None}, TypeError, "one of none, all"),
         ({"env": ["A=1"]}, TypeError, "mapping"),
         ({"env": {"A": 1}}, TypeError, "map str to str"),
         ({"env": {"A=B": "1"}}, ValueError, "invalid variable"),
         ({"user": True}, TypeError, "uid"),
         ({"user": -1}, ValueError, "uid from 0"),
         ({"user": ""}, ValueError, "account name"),
-        ({"required": "yes"}, TypeError, "bool"),
+        ({"required": "yes"}, TypeError, "True or False"),
     ],
 )
 def test_a_bad_sandbox_is_refused_at_construction(

@@ -16,10 +16,11 @@ import tempfile
 import time
 
 import _ray_children as kids
-from _ray_testing import Beacons
-from test_ray_extension import call, child, final, on, start
+from _ray_testing import child, on
 
-from _scripted_models import StepModel, tool_results
+from support.beacons import Beacons
+from support.calls import call, final, start
+from support.scripted_models import StepModel, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension

@@ -1,32 +1,28 @@
 """What the Ray tests run as children: functions and agent tools (imported by name in the Ray
 workers; the cluster's PYTHONPATH holds this folder and ``tests/``).
 
-Children that the test must watch report to it through a datagram socket (``beacon``): every
-node of the test cluster is this machine.
+Children that the test must watch report to it through a datagram socket
+(``support.children.beacon``): every node of the test cluster is this machine. The behaviours
+every runner shares (segfault, gates, marks, ...) are in ``support.children``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
+from support.children import announce, beacon, schema
+from support.children import burn as burn_cpu
+from support.survivors import record
 from zett_agent.runners.ray import emit
 from zett_agent.tools import AgentTool
 
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def beacon(path: str, payload: dict[str, Any]) -> None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.sendto(json.dumps(payload).encode(), path)
 
 
 def echo(value: Any, events: int = 0) -> Any:
@@ -102,23 +98,40 @@ def _pids_matching(text: str) -> list[int]:
     return found
 
 
-def hostile(kill_helpers: bool = True) -> None:
+def supervisors() -> dict[str, int]:
+    """The processes that supervise this child on its node: its pool's launcher (its parent),
+    the Ray worker that hosts the pool (the launcher's parent), and the node's reaper actors."""
+    launcher = os.getppid()
+    with open(f"/proc/{launcher}/stat", "rb") as handle:
+        data = handle.read()
+    ray_worker = int(data[data.rindex(b")") + 2 :].split()[1])
+    found = {"launcher": launcher, "ray_worker": ray_worker}
+    for i, pid in enumerate(_pids_matching("ray::Reaper")):
+        found[f"reaper{i}"] = pid
+    return found
+
+
+def hostile(stop_supervisors: bool = True) -> None:
     """A child that fights its containment, then spins.
 
-    With ``kill_helpers`` it waits until its node has a zett reaper actor, then kills every
-    reaper and every task sentinel it finds. Always: clears its worker's subreaper flag and
-    starts a grandchild that clears its environment, double-forks and calls ``setsid``.
-    Reports the pids it started and the helpers it killed.
+    With ``stop_supervisors`` it waits until its node has a zett reaper actor, then sends
+    ``SIGSTOP`` to every supervisor it finds (``supervisors``), noting which signals the kernel
+    let through. Always: clears its worker's subreaper flag and starts a grandchild that clears
+    its environment, double-forks and calls ``setsid``. Reports the pids it started and what
+    it stopped.
     """
-    killed = []
-    if kill_helpers:
+    stopped: list[int] = []
+    refused: list[int] = []
+    if stop_supervisors:
         deadline = time.monotonic() + 60  # the reaper starts with the child (a hang guard)
-        while not _pids_matching("ray::_Reaper") and time.monotonic() < deadline:
+        while not _pids_matching("ray::Reaper") and time.monotonic() < deadline:
             time.sleep(0.02)
-        for pid in _pids_matching("ray::_Reaper") + _pids_matching("_ray_contain.py sentinel"):
+        for pid in supervisors().values():
             try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            except PermissionError:
+                refused.append(pid)
             except ProcessLookupError:
                 pass
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
@@ -141,7 +154,7 @@ def hostile(kill_helpers: bool = True) -> None:
     os.close(write)
     escapee = int(os.read(read, 32))
     os.close(read)
-    emit({"worker": os.getpid(), "escapee": escapee, "killed": killed})
+    emit({"worker": os.getpid(), "escapee": escapee, "stopped": stopped, "refused": refused})
     while True:
         pass
 
@@ -191,7 +204,7 @@ def _spin_tree(beacon_path: str) -> str:
 
 
 def _announce_and_wait(beacon_path: str, label: str) -> str:
-    beacon(beacon_path, {"label": label, "pid": os.getpid()})
+    announce(beacon_path, label)
     time.sleep(3600)
     return "unreachable"
 
@@ -202,20 +215,11 @@ def _wait_for_gate(gate: str) -> str:
         return fifo.read().decode()
 
 
-def _segfault() -> str:
-    ctypes.string_at(0)
-    return "unreachable"
-
-
 def _burn(seconds: float) -> str:
     """Burn ``seconds`` of CPU; return when it started and ended (CLOCK_MONOTONIC, which every
     node of the test cluster shares)."""
     started = time.monotonic()
-    end = time.process_time() + seconds
-    digest = b""
-    while time.process_time() < end:
-        for _ in range(1000):
-            digest = hashlib.sha256(digest).digest()
+    burn_cpu(seconds)
     return f"{started} {time.monotonic()}"
 
 
@@ -226,18 +230,111 @@ def _progress() -> str:
     return "reported"
 
 
-def _schema(**properties: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {name: {"type": kind} for name, kind in properties.items()},
-    }
-
-
-SPIN_TREE = AgentTool("spin_tree", "Spin.", _schema(beacon_path="string"), _spin_tree)
+SPIN_TREE = AgentTool("spin_tree", "Spin.", schema(beacon_path="string"), _spin_tree)
 ANNOUNCE = AgentTool(
-    "announce", "Wait.", _schema(beacon_path="string", label="string"), _announce_and_wait
+    "announce", "Wait.", schema(beacon_path="string", label="string"), _announce_and_wait
 )
-SEGFAULT = AgentTool("segfault", "Crash.", _schema(), _segfault)
-BURN = AgentTool("burn", "Burn CPU.", _schema(seconds="number"), _burn)
-GATE = AgentTool("gate", "Wait for the gate.", _schema(gate="string"), _wait_for_gate)
-PROGRESS = AgentTool("progress", "Report progress.", _schema(), _progress)
+BURN = AgentTool("burn", "Burn CPU.", schema(seconds="number"), _burn)
+GATE = AgentTool("gate", "Wait for the gate.", schema(gate="string"), _wait_for_gate)
+PROGRESS = AgentTool("progress", "Report progress.", schema(), _progress)
+
+
+# -- children that try what a hostile (or careless) child would -----------------------------------
+
+
+def quiet_helper_then_segfault(beacon_path: str) -> None:
+    """Case 2: a tool starts a helper with ``start_new_session=True`` and a minimal environment
+    (``PATH``, ``LANG``; the subreaper flag left alone), the helper starts its command, and
+    then the worker segfaults. Reports the pids through a beacon first."""
+    helper = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 3600 & echo $!; exec >&-; wait"],
+        start_new_session=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+        stdout=subprocess.PIPE,
+    )
+    assert helper.stdout is not None
+    command = int(helper.stdout.readline())
+    helper.stdout.close()
+    beacon(beacon_path, {"worker": os.getpid(), "helper": helper.pid, "command": command})
+    ctypes.string_at(0)
+
+
+def thread_starts_a_process_later(gate: str) -> dict[str, int]:
+    """Case 3: leave a thread that waits on the FIFO ``gate`` and then starts a process; return
+    at once. A worker that outlived its job with this thread would run it into whatever comes
+    next (or nothing would ever kill what it starts)."""
+
+    def later() -> None:
+        with open(gate, "rb") as fifo:  # opens once the test writes to the gate
+            fifo.read()
+        subprocess.Popen(["sleep", "3600"])
+
+    import threading
+
+    threading.Thread(target=later, daemon=True).start()
+    return {"worker": os.getpid()}
+
+
+def return_lone_surrogate() -> dict[str, str]:
+    return {"report": "r" + "\ud800"}
+
+
+def raw_lone_surrogate_frame() -> None:
+    """Write, by hand, an event frame whose JSON escapes a lone surrogate into the result
+    channel (bypassing ``emit``'s check); then wait to be killed."""
+    from zett_agent.process._protocol import HEADER
+    from zett_agent.process._worker import _channel_fd
+
+    payload = b'{"k":"event","v":{"kind":"progress","note":"\\udfff"}}'
+    os.write(_channel_fd(), HEADER.pack(len(payload)) + payload)
+    time.sleep(600)
+
+
+def amplify(items: int) -> Any:
+    """A small JSON text that decodes into a lot of memory: ``[{}, {}, ...]``."""
+    return [{}] * items
+
+
+def many_events(count: int, size: int) -> str:
+    """``count`` events of ``size`` characters each, which nobody reads; then return."""
+    chunk = "x" * size
+    for _ in range(count):
+        emit(chunk)
+    return "emitted"
+
+
+def hopping_lineages(path: str, lineages: int) -> None:
+    """Case 6: ``lineages`` processes that each fork a successor and exit, over and over (so
+    every pid a scan found is gone by the time it is signalled); every hop records itself in
+    ``path``. Emits once they all run, then spins."""
+    for _ in range(lineages):
+        if os.fork() == 0:
+            try:
+                while True:
+                    record(path)
+                    if os.fork() != 0:
+                        os._exit(0)
+            finally:
+                os._exit(0)
+    emit("hopping")
+    while True:
+        pass
+
+
+class LoneSurrogateModel:
+    """A child's model that calls a tool whose name holds a lone surrogate, then answers with a
+    report that holds one (what a model server's bad output can look like)."""
+
+    from zett_agent.model import RetryOptions
+
+    retry = RetryOptions(max_retries=0)
+
+    async def stream(self, request: Any) -> Any:
+        from zett_agent.messages import AssistantMessage, ToolCall
+        from zett_agent.model import ModelEvent, ModelResponse, Usage
+
+        if not any(m.role == "tool" for m in request.messages):
+            message = AssistantMessage(tool_calls=(ToolCall("c1", "look\ud800", {}),))
+        else:
+            message = AssistantMessage("report \ud800 end")
+        yield ModelEvent.completed(ModelResponse(message, Usage(3, 2)))

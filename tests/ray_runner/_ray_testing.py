@@ -1,25 +1,21 @@
-"""Helpers of the Ray tests: whether processes are dead, waiting on pidfds, settling jobs."""
+"""Helpers of the Ray tests: waiting on pidfds, settling jobs, child definitions placed on nodes."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import select
-import socket
 import time
 from typing import Any
 
-from _liveness import alive
+from support.liveness import gone
+from support.parent import worker
+from support.scripted_models import ToolsThenAnswer
+from zett_agent.extensions.subagent import SubAgentDefinition
+from zett_agent.tools import AgentTool
 
 #: hang guard for one child's whole life (a fresh Ray worker starts in a second or two here)
 BOUND = 60.0
-
-
-def gone(pid: int) -> bool:
-    """Whether a process is dead (reaped, a zombie awaiting its parent, or in its last exit
-    step: see ``_liveness.alive``)."""
-    return not alive(pid)
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
@@ -47,22 +43,14 @@ async def settle(job: Any) -> Any:
     return job
 
 
-class Beacons:
-    """Children report JSON datagrams here (``_ray_children.beacon``): the test waits on what
-    they did instead of sleeping."""
+def child(
+    name: str, *tools: tuple[AgentTool, dict[str, Any]], answer: str = "{last}"
+) -> SubAgentDefinition:
+    """A definition whose child calls ``tools`` in order, then answers."""
+    model = ToolsThenAnswer(answer, [(tool.name, args) for tool, args in tools])
+    return worker(model, name, tools=tuple(tool for tool, _ in tools))
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.sock.setblocking(False)
 
-    async def next(self) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(BOUND):
-            data = await loop.sock_recv(self.sock, 65536)
-        payload: dict[str, Any] = json.loads(data)
-        return payload
-
-    def close(self) -> None:
-        self.sock.close()
+def on(node: str) -> dict[str, Any]:
+    """Ray options that place a task on the test cluster's worker node ``node``."""
+    return {"num_cpus": 1, "resources": {node: 1}}

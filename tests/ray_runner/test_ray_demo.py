@@ -12,21 +12,25 @@ from typing import Any
 
 import pytest
 
+from support.scripts import zett_agent
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "_examples" / "ray_children.py"
 
 HANG_GUARD = 120
 
 
-def zett_agent(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    return subprocess.run(
-        [sys.executable, "-m", "zett_agent.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-        env=env,
-    )
+def launchers(ray_cluster: dict[str, Any]) -> list[int]:
+    """The pools alive on the cluster before a driver of a test's own starts."""
+    return list(ray_cluster["host"].call("launchers")["launchers"])
+
+
+def assert_cluster_clean(ray_cluster: dict[str, Any], before: list[int]) -> None:
+    """The driver ran in a process of its own: once it exits, the raylet ends its Ray workers,
+    and each worker's pool goes with it, on the cluster's schedule rather than the driver's.
+    Wait (bounded) until the cluster holds nothing of it (no pool but those alive ``before``
+    it started), and say what was left if it does."""
+    left = ray_cluster["host"].call("wait_clean", within=HANG_GUARD / 4, launchers=before)
+    assert not (left["leftovers"] or left["cgroups"] or left["launchers"]), left
 
 
 @pytest.mark.ray
@@ -36,10 +40,12 @@ def test_the_demo_runs_its_children_on_ray_and_names_their_nodes(
     for i in range(6):
         (tmp_path / f"file{i}.txt").write_text(f"content {i}\n" * 100)
     address = ray_cluster["address"]
+    before = launchers(ray_cluster)
     done = zett_agent(
         "demo", str(tmp_path), "--ray", address, "--json", "--rounds", "500", "--hashers", "2"
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert_cluster_clean(ray_cluster, before)
     result = json.loads(done.stdout)  # stdout is the JSON alone (Ray's own lines go to stderr)
     tasks = {t["subagent_type"]: t for t in result["tasks"]}
     assert {t["status"] for t in result["tasks"] if t["subagent_type"] == "hasher"} == {"completed"}
@@ -62,6 +68,7 @@ def test_a_folder_given_as_the_ray_address_is_refused_with_the_fix(tmp_path: Pat
 @pytest.mark.ray
 def test_the_readme_example_runs_its_children_on_the_cluster(ray_cluster: dict[str, Any]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    before = launchers(ray_cluster)
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), ray_cluster["address"]],
         capture_output=True,
@@ -71,6 +78,7 @@ def test_the_readme_example_runs_its_children_on_the_cluster(ray_cluster: dict[s
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert_cluster_clean(ray_cluster, before)
     nodes = {node[:12] for node in ray_cluster["nodes"].values()}
     lines = done.stdout.strip().splitlines()
     assert [line.split(" (on node ")[0] for line in lines] == [

@@ -13,74 +13,29 @@ from typing import Any
 
 import _ray_children as kids
 import pytest
-from _ray_testing import BOUND, Beacons, gone
+from _ray_testing import BOUND, child, on
 
-from _scripted_models import StepModel, ToolsThenAnswer, tool_results
-from zett_agent.agent import AgentRunConfig
-from zett_agent.client import create_agent
+from support.beacons import Beacons
+from support.calls import call, final, start
+from support.children import (
+    GATE,
+    MARK,
+    SEGFAULT,
+    GatedAnswer,
+    HoldFirstCall,
+    Listener,
+    TwoMarksThenReport,
+)
+from support.liveness import gone
+from support.parent import run_parent
+from support.scripted_models import ToolsThenAnswer, tool_results
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
-from zett_agent.messages import AssistantMessage, ToolCall
+from zett_agent.messages import AssistantMessage
 from zett_agent.runners.ray import RayRunner
 from zett_agent.tools import AgentTool
 
 pytestmark = pytest.mark.ray
-
-
-def child(name: str, *tools: tuple[AgentTool, dict[str, Any]], answer: str = "{last}") -> Any:
-    """A definition whose child calls ``tools`` in order, then answers."""
-    return SubAgentDefinition(
-        name,
-        f"{name} profile for tests",
-        "You are a test child.",
-        model=ToolsThenAnswer(answer, [(tool.name, args) for tool, args in tools]),
-        tools=tuple(tool for tool, _ in tools),
-    )
-
-
-def call(name: str, **arguments: Any) -> AssistantMessage:
-    return AssistantMessage(
-        tool_calls=(ToolCall(f"{name}-{os.urandom(3).hex()}", name, arguments),)
-    )
-
-
-def start(*types: str) -> AssistantMessage:
-    """One assistant message starting a task of each type."""
-    return AssistantMessage(
-        tool_calls=tuple(
-            ToolCall(f"s{i}", "task_start", {"subagent_type": t, "description": t, "prompt": "go"})
-            for i, t in enumerate(types)
-        )
-    )
-
-
-def final(text: str = "finished") -> AssistantMessage:
-    return AssistantMessage(content=text)
-
-
-async def run_parent(
-    extension: Any, steps: list[Any], *, tools: tuple[AgentTool, ...] = ()
-) -> tuple[str, StepModel]:
-    model = StepModel(steps)
-    client = await create_agent(
-        model, config=AgentRunConfig(session_id="parent"), extensions=[extension], tools=tools
-    )
-    async with asyncio.timeout(BOUND):
-        result = await client.run("go")
-    # the client stays open: closing it would release the session's tasks (the tests go on
-    # with them); the extension's close() ends whatever still runs
-    return result.content, model
-
-
-def on(node: str) -> dict[str, Any]:
-    return {"num_cpus": 1, "resources": {node: 1}}
-
-
-@pytest.fixture
-def beacons(tmp_path: Path) -> Any:
-    b = Beacons(str(tmp_path / "beacons"))
-    yield b
-    b.close()
 
 
 async def test_task_cancel_kills_a_never_yielding_child_and_task_info_names_its_node(
@@ -126,7 +81,7 @@ async def test_a_segfault_fails_cleanly_beside_a_sibling_that_completes(
     """The sibling also reports progress from its own tool with ``zett_agent.process.emit``,
     as child code written for processes does."""
     definitions = [
-        child("crasher", (kids.SEGFAULT, {})),
+        child("crasher", (SEGFAULT, {})),
         child("sibling", (kids.PROGRESS, {}), answer="sibling done"),
     ]
     runner = RayRunner(placement={"crasher": on("w1"), "sibling": on("w2")})
@@ -209,6 +164,11 @@ async def test_a_lost_node_fails_its_task_as_node_lost_while_a_sibling_finishes(
         await run_parent(extension, [start("doomed", "survivor"), final()])
         tasks = {t.subagent_type: t for t in extension.tasks("parent")}
         assert (await beacons.next())["label"] == "doomed"
+        # the beacon can overtake Ray's stream, which tells the host where the child runs; the
+        # job has no event for that, so it is looked at every few milliseconds
+        async with asyncio.timeout(BOUND):
+            while "node_id" not in extension.task_info(tasks["doomed"]):  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
         assert extension.task_info(tasks["doomed"])["node_id"] == doomed_id
         lost_at = time.monotonic()
         host.call("remove_node", name="doomed")
@@ -221,3 +181,156 @@ async def test_a_lost_node_fails_its_task_as_node_lost_while_a_sibling_finishes(
     assert f"the Ray node {doomed_id[:12]} died or left the cluster" in (doomed.error or "")
     assert survivor.status is SubAgentTaskStatus.COMPLETED
     assert survivor.output == "survived: the gate"
+
+
+async def test_task_wait_and_a_token_budget_work_on_ray(ray_cluster: dict[str, Any]) -> None:
+    """``task_wait`` and token budgets on Ray: they live in the parent, and work as with
+    processes."""
+    spender = SubAgentDefinition(
+        "spender",
+        "spends more than its budget",
+        "You are a test child.",
+        model=ToolsThenAnswer("spent"),  # one response reporting 7 + 3 tokens
+        token_budget=5,
+    )
+    definitions = [spender, child("reporter", answer="report from Ray")]
+    extension = AsyncSubAgentExtension(
+        definitions, runner=RayRunner(), extra_tools=("task_wait", "task_message")
+    )
+    async with extension:
+        wait = {"task_ids": ["task-1", "task-2"], "mode": "all", "wait_seconds": BOUND}
+        _, model = await run_parent(
+            extension, [start("spender", "reporter"), call("task_wait", **wait), final()]
+        )
+        waited = json.loads(tool_results(model.requests[-1])[-1].text)
+    assert waited["timed_out"] is False and waited["running"] == []
+    spent, reported = waited["finished"]
+    assert spent["status"] == "failed"
+    assert spent["error"] == "token budget exceeded (used 10 of 5 tokens)"
+    assert reported["content"] == "report from Ray"
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["from-the-driver", "through-the-reaper"])
+async def test_a_message_reaches_a_ray_child_before_its_next_model_call(
+    ray_cluster: dict[str, Any], beacons: Beacons, tmp_path: Path, direct: bool
+) -> None:
+    """``task_message`` on Ray: the message goes to the child's inbox on its node (from this
+    process, or through the node's reaper with ``kill_from_host=False``), is in the child's
+    next model request, and counts delivered on the child's confirmation only."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    listener = SubAgentDefinition(
+        "listener",
+        "waits in its gate, then reports its user messages",
+        "You are a test child.",
+        model=Listener(beacons.path, "listening", str(gate)),
+        tools=(GATE,),
+    )
+    runner = RayRunner(kill_from_host=direct)
+    extension = AsyncSubAgentExtension([listener], runner=runner, extra_tools=("task_message",))
+    async with extension:
+        seen: dict[str, Any] = {}
+
+        async def until_listening() -> str:
+            assert (await beacons.next())["label"] == "listening"  # in its gate tool
+            return "listening"
+
+        def output(request: Any) -> AssistantMessage:
+            seen["queued"] = json.loads(tool_results(request)[-1].text)
+            return final()
+
+        await run_parent(
+            extension,
+            [
+                start("listener"),
+                call("until_listening"),
+                call("task_message", task_id="task-1", message="use the blue one"),
+                output,
+            ],
+            tools=(AgentTool("until_listening", "", {"type": "object"}, until_listening),),
+        )
+        [task] = extension.tasks("parent")
+        assert seen["queued"] == {"task_id": "task-1", "message_id": "msg-1", "status": "queued"}
+        assert task.messages is not None
+        async with asyncio.timeout(BOUND):
+            await task.messages.records["msg-1"].received.wait()  # in the child, not yet read
+        assert extension.task_info(task)["messages"] == {"sent": 1, "delivered": 0}
+        sending = asyncio.create_task(extension.send(task, "and paint it twice"))
+        await asyncio.sleep(0)  # the sender queued the message and waits for its delivery
+        async with asyncio.timeout(BOUND):
+            await task.messages.records["msg-2"].received.wait()
+        assert not sending.done()  # returns once the child's model had it, not before
+        await asyncio.to_thread(gate.write_bytes, b"open")
+        assert await asyncio.wait_for(sending, BOUND) == "msg-2"
+        await extension.wait(task, BOUND)
+        assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+        # the child's second model call had both, after its prompt
+        assert json.loads(task.output or "")["users"] == [
+            "go",
+            "use the blue one",
+            "and paint it twice",
+        ]
+        assert extension.task_info(task)["messages"] == {"sent": 2, "delivered": 2}
+        assert "never delivered" not in extension.completion_notice(task)
+
+
+async def test_an_interrupting_message_skips_a_ray_childs_pending_calls(
+    ray_cluster: dict[str, Any], beacons: Beacons
+) -> None:
+    definition = SubAgentDefinition(
+        "steered",
+        "asks for two marks, then reports",
+        "You are a test child.",
+        model=TwoMarksThenReport(beacons.path),
+        tools=(MARK,),
+        extensions=(HoldFirstCall(beacons.path, "holding"),),
+    )
+    extension = AsyncSubAgentExtension([definition], runner=RayRunner())
+    async with extension:
+        await run_parent(extension, [start("steered"), final()])
+        [task] = extension.tasks("parent")
+        assert (await beacons.next())["label"] == "holding"  # its first model call is in flight
+        async with asyncio.timeout(BOUND):
+            assert await extension.send(task, "stop: wrong file", interrupt=True) == "msg-1"
+        await extension.wait(task, BOUND)
+        assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+        report = json.loads(task.output or "")
+        # both calls of the batch the model answered were skipped, and the message came after
+        assert report["tools"] == [["skipped", "skipped: interrupted by a steering message"]] * 2
+        assert report["users"] == ["go", "stop: wrong file"]
+        assert extension.task_info(task)["messages"] == {"sent": 1, "delivered": 1}
+    beacons.sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        beacons.sock.recv(65536)  # no mark ran
+
+
+async def test_a_message_a_ray_child_ends_before_reading_is_reported_undelivered(
+    ray_cluster: dict[str, Any], beacons: Beacons, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    definition = SubAgentDefinition(
+        "last",
+        "in its last model call",
+        "You are a test child.",
+        model=GatedAnswer(beacons.path, "answering", str(gate)),
+    )
+    extension = AsyncSubAgentExtension([definition], runner=RayRunner())
+    async with extension:
+        await run_parent(extension, [start("last"), final()])
+        [task] = extension.tasks("parent")
+        assert (await beacons.next())["label"] == "answering"  # it makes no other model call
+        sending = asyncio.create_task(extension.send(task, "one more thing"))
+        await asyncio.sleep(0)  # the sender queued the message and waits for its delivery
+        assert task.messages is not None
+        async with asyncio.timeout(BOUND):
+            await task.messages.records["msg-1"].received.wait()
+        await asyncio.to_thread(gate.write_bytes, b"open")
+        with pytest.raises(ValueError, match=r"before it read message msg-1; it was never deliv"):
+            await asyncio.wait_for(sending, BOUND)
+        assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+        assert extension.task_info(task)["messages"] == {
+            "sent": 1,
+            "delivered": 0,
+            "undelivered": ["msg-1"],
+        }

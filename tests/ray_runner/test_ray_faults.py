@@ -4,19 +4,16 @@ so it runs after every other Ray test)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 
+from support.ray_cluster import driver as ray_driver
+
 pytestmark = pytest.mark.ray
 
 BOUND = 90.0
-HERE = Path(__file__).parent
 
 
 @pytest.mark.ray_destroys_cluster
@@ -32,14 +29,7 @@ def test_the_cluster_going_away_fails_tasks_and_the_extension_answers_and_closes
     """
     host = ray_cluster["host"]
     ray.shutdown()
-    with subprocess.Popen(
-        [sys.executable, str(HERE / "_gone_driver.py"), ray_cluster["address"]],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])},
-    ) as driver:
+    with ray_driver("_gone_driver.py", ray_cluster["address"], stdin=True) as driver:
         try:
             assert driver.stdin is not None and driver.stdout is not None
             assert driver.stdout.readline().strip() == "ready"

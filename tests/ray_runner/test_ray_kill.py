@@ -5,25 +5,25 @@ a job settles, and ``cancel()`` returns, only once the tree is gone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import _ray_children as kids
 import pytest
-from _ray_testing import BOUND, gone, settle, wait_gone
+from _ray_testing import BOUND, settle, wait_gone
 
+from support.containment import CONTAINMENTS
+from support.liveness import gone
+from support.ray_cluster import driver
 from zett_agent.process import JobCancelled, WorkerCrashed
 from zett_agent.runners.ray import RayRunner
 
 pytestmark = pytest.mark.ray
-
-HERE = Path(__file__).parent
 
 
 async def _runner(containment: str, from_host: bool) -> Any:
@@ -33,8 +33,8 @@ async def _runner(containment: str, from_host: bool) -> Any:
 
 
 @pytest.fixture(
-    params=[("cgroup", True), ("cgroup", False), ("scan", True), ("scan", False)],
-    ids=["cgroup-host", "cgroup-reaper", "scan-host", "scan-reaper"],
+    params=[(kind, from_host) for kind in CONTAINMENTS for from_host in (True, False)],
+    ids=[f"{kind}-{path}" for kind in CONTAINMENTS for path in ("host", "reaper")],
 )
 async def runner(request: pytest.FixtureRequest, ray_cluster: dict[str, Any]) -> Any:
     """A runner per containment, killing from this process or through the node's reaper."""
@@ -42,7 +42,7 @@ async def runner(request: pytest.FixtureRequest, ray_cluster: dict[str, Any]) ->
         yield runner
 
 
-@pytest.fixture(params=["cgroup", "scan"])
+@pytest.fixture(params=CONTAINMENTS)
 async def contained(request: pytest.FixtureRequest, ray_cluster: dict[str, Any]) -> Any:
     """A runner per containment (for what the task does itself: no kill path involved)."""
     async for runner in _runner(request.param, True):
@@ -70,6 +70,30 @@ async def test_cancel_kills_a_never_yielding_child_and_its_escapees(
     assert [event async for event in events] == []
 
 
+async def test_a_running_child_is_stopped_by_its_run_not_by_rays_cancel(
+    runner: RayRunner,
+) -> None:
+    """A running child is stopped through its inbox: its run kills the tree and its Ray task
+    ends on its own. Ray's cancel of a task whose reply is on its way aborts the driver's
+    process (a race in Ray's bookkeeping), so it is kept for tasks that have no inbox yet."""
+    cancels: list[bool] = []
+    driver_cancel = runner._driver.cancel
+
+    async def recorded(generator: Any, *, force: bool) -> None:
+        cancels.append(force)
+        await driver_cancel(generator, force=force)
+
+    runner._driver.cancel = recorded  # type: ignore[method-assign]
+    job = await runner.submit_function(kids.spin_with_tree, resources={"w1": 1})
+    tree = await asyncio.wait_for(anext(job.events()), BOUND)
+    await asyncio.wait_for(job.cancel(), BOUND)
+    assert isinstance(job.exception(), JobCancelled) and job.tree_gone
+    assert [pid for pid in tree.values() if not gone(pid)] == []
+    assert cancels == []
+    assert job._stream_end.result() is None  # the task ended on its own, not as cancelled
+    assert job._end is not None and job._end["gone"] is True
+
+
 async def test_a_child_that_returns_leaves_no_process(contained: RayRunner) -> None:
     job = await settle(await contained.submit_function(kids.tree_then_return))
     tree = job.result()
@@ -89,57 +113,80 @@ async def test_a_crashed_worker_leaves_no_process(crashing: RayRunner, tmp_path:
     assert [pid for pid in tree.values() if not gone(pid)] == [] and job.tree_gone
 
 
-async def test_a_hostile_child_in_a_cgroup_is_killed_whole(ray_cluster: dict[str, Any]) -> None:
-    """It kills the node's reaper and its own sentinel, clears its subreaper flag and starts a
-    grandchild that clears its environment, double-forks and calls setsid: the reaper is
-    replaced, and the cgroup holds everything."""
-    runner = RayRunner(containment="cgroup", kill_from_host=False)
+async def test_a_child_cannot_stop_its_supervisors_and_its_setsid_escapee_dies(
+    ray_cluster: dict[str, Any], containment: str
+) -> None:
+    """The child sends SIGSTOP to its pool's launcher, to the Ray worker that
+    hosts the pool and to the node's reaper, clears its subreaper flag and starts a grandchild
+    that clears its environment, double-forks and calls setsid. Landlock scoping (Linux 6.12)
+    refuses every one of those signals, and cancel kills the whole tree: the escapee too."""
+    runner = RayRunner(containment=containment, kill_from_host=False)
+    tree: dict[str, Any] = {}
     try:
         job = await runner.submit_function(kids.hostile, resources={"w2": 1})
         tree = await asyncio.wait_for(anext(job.events()), BOUND)
-        assert len(tree["killed"]) >= 2, tree  # a reaper and the sentinel
+        assert job.containment is not None and job.containment.get("scoped_workers") is True
+        assert tree["stopped"] == [] and len(tree["refused"]) >= 3, tree
         await asyncio.wait_for(job.cancel(), BOUND)
         assert isinstance(job.exception(), JobCancelled) and job.tree_gone
         assert [pid for pid in (tree["worker"], tree["escapee"]) if not gone(pid)] == []
+        # the supervisors answer: the next child on that node runs and is cancelled at once
+        again = await runner.submit_function(kids.wait_forever, resources={"w2": 1})
+        pid = (await asyncio.wait_for(anext(again.events()), BOUND))["pid"]
+        await asyncio.wait_for(again.cancel(), BOUND)
+        assert gone(pid) and again.tree_gone
     finally:
         await asyncio.wait_for(runner.close(), BOUND)
+        for pid in tree.get("stopped", []):  # only if the kernel let one through
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
-async def test_scan_containment_loses_a_child_that_clears_its_flag_and_environment(
-    ray_cluster: dict[str, Any],
+async def test_supervisors_that_stop_answering_are_replaced_and_the_tree_dies(
+    ray_cluster: dict[str, Any], containment: str
 ) -> None:
-    """What the README says does not hold without cgroups: a grandchild started after the
-    child cleared its worker's subreaper flag, with an empty environment, escapes the kill."""
-    runner = RayRunner(containment="scan")
+    """Where the kernel has no Landlock scoping (below Linux 6.12) and a child
+    can stop its supervisors: the test stops the Ray worker that hosts the child's pool and the
+    node's reaper. The cancel is not confirmed by the stopped task, so the driver kills from
+    outside; the stopped reaper does not answer, so it is judged dead, replaced, and the new one
+    kills the tree."""
+    runner = RayRunner(containment=containment, kill_from_host=False)
+    stopped: list[int] = []
     try:
-        job = await runner.submit_function(kids.hostile, False)
+        job = await runner.submit_function(kids.spin_with_tree, resources={"w2": 1})
         tree = await asyncio.wait_for(anext(job.events()), BOUND)
+        node = job.node_id
+        assert node is not None and job._tree is not None
+        await asyncio.wait_for(runner._driver.reapers.prepare(node), BOUND)  # it answered once
+        reaper = await asyncio.wait_for(runner._driver.reapers.get(node).pid.remote(), BOUND)
+        for pid in (job._tree["worker"][0], reaper):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
         await asyncio.wait_for(job.cancel(), BOUND)
-        assert gone(tree["worker"])
-        escaped = not gone(tree["escapee"])
+        assert isinstance(job.exception(), JobCancelled) and job.tree_gone
+        assert [pid for pid in [*tree.values(), job._tree["worker"][0]] if not gone(pid)] == []
+        assert runner._driver.reapers.get(node) is not None  # a new one, which answered
+        assert (
+            await asyncio.wait_for(runner._driver.reapers.get(node).pid.remote(), BOUND) != reaper
+        )
     finally:
         await asyncio.wait_for(runner.close(), BOUND)
-        os.kill(tree["escapee"], signal.SIGKILL)  # the cluster host reaps it
-    assert escaped
+        for pid in stopped:  # only ours: the reaper Ray was asked to kill, the killed worker
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("containment", ["cgroup", "scan"])
 def test_the_parent_dying_leaves_no_process(ray_cluster: dict[str, Any], containment: str) -> None:
     """A Ray driver SIGKILLed while its child runs a tree: Ray kills the worker (its owner
     died) and the task's sentinel kills the rest."""
-    with subprocess.Popen(
-        [sys.executable, str(HERE / "_dying_driver.py"), ray_cluster["address"], containment],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])},
-    ) as driver:
+    before = ray_cluster["host"].call("launchers")["launchers"]
+    with driver("_dying_driver.py", ray_cluster["address"], containment) as process:
         try:
-            assert driver.stdout is not None
-            tree = json.loads(driver.stdout.readline())
+            assert process.stdout is not None
+            tree = json.loads(process.stdout.readline())
         finally:
-            driver.kill()
+            process.kill()
     assert wait_gone(list(tree.values()), timeout=BOUND) == []
     # no host waits for the sentinel here: let it finish removing the cgroup, then exit
-    left = ray_cluster["host"].call("wait_clean", within=BOUND)
-    assert not (left["leftovers"] or left["cgroups"]), left
+    left = ray_cluster["host"].call("wait_clean", within=BOUND, launchers=before)
+    assert not (left["leftovers"] or left["cgroups"] or left["launchers"]), left

@@ -1,5 +1,5 @@
-"""Sandboxes on Ray: not enforced on Ray nodes yet, so a required one fails its task before
-anything reaches the cluster, and an optional one runs unconfined and says so."""
+"""Sandboxes and brokered model calls on Ray: the child's node enforces its sandbox as a
+``ProcessPool`` does, and its model calls are made by its Ray task, with the real model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from _ray_testing import BOUND, settle
 
 from zett_agent.extensions.subagent import SubAgentDefinition
-from zett_agent.process import Sandbox, SandboxUnavailable
+from zett_agent.process import Sandbox
 from zett_agent.runners import ChildSpec
 from zett_agent.runners.ray import RayJob, RayRunner
 from zett_agent.testing import ScriptedModel
@@ -18,32 +18,32 @@ from zett_agent.testing import ScriptedModel
 pytestmark = pytest.mark.ray
 
 
-def spec() -> ChildSpec:
+def spec(broker: bool = False) -> ChildSpec:
     model = ScriptedModel(["the child's report"])
     definition = SubAgentDefinition("worker", "test child", "You are a test child.", model=model)
-    return ChildSpec(definition, model, "parent/task-1", "do it")
+    return ChildSpec(definition, model, "parent/task-1", "do it", broker=broker)
 
 
-def test_a_required_sandbox_fails_before_anything_reaches_ray() -> None:
+async def test_a_sandboxed_child_runs_confined_on_its_node(ray_cluster: dict[str, Any]) -> None:
     runner = RayRunner()
-    job = asyncio.run(runner.submit(spec(), sandbox=Sandbox()))
-    error = job.exception()
-    assert isinstance(error, SandboxUnavailable), error
-    assert "the Ray runner does not enforce sandboxes yet" in str(error)
-    assert job.info()["sandbox"]["refused"]
-    assert runner._remote is None  # refused before connecting to anything
+    try:
+        job = await runner.submit(spec(), sandbox=Sandbox())
+        assert isinstance(job, RayJob)
+        await settle(job)
+        assert job.result()["content"] == "the child's report"
+        entry = job.info()["sandbox"]
+        assert entry["landlock_abi"] > 0 and entry["seccomp"] is True, entry
+        assert entry["network"] == "none" and entry["scoped"] and entry["filesystem"], entry
+    finally:
+        await asyncio.wait_for(runner.close(), BOUND)
 
 
-async def test_an_optional_sandbox_runs_unconfined_and_says_so(
+async def test_a_brokered_child_gets_its_model_calls_made_on_its_node(
     ray_cluster: dict[str, Any],
 ) -> None:
     runner = RayRunner()
     try:
-        job = await runner.submit(spec(), sandbox=Sandbox(required=False))
-        assert isinstance(job, RayJob)
-        await settle(job)
+        job = await settle(await runner.submit(spec(broker=True)))
         assert job.result()["content"] == "the child's report"
-        assert job.info()["sandbox"]["enforced"] is False
-        assert "refused" not in job.info()["sandbox"]
     finally:
         await asyncio.wait_for(runner.close(), BOUND)

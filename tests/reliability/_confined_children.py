@@ -21,6 +21,7 @@ from typing import Any
 
 from _reliability_children import channel_fd, frame
 
+from support.children import escape_then_wait
 from zett_agent.process import emit
 
 _PTRACE_SEIZE = 0x4206
@@ -143,7 +144,7 @@ def nested_pool_kills_its_trees() -> dict[str, Any]:
 
     async def main() -> dict[str, Any]:
         async with ProcessPool(1, spare_workers=0) as pool:
-            job = pool.submit(setsid_grandchild_then_wait)
+            job = pool.submit(escape_then_wait)
             pids: list[int] = []
             async for pids in job.events():  # noqa: B007 - the first event is the pids
                 break
@@ -169,23 +170,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in (b"Z", b"X")
-
-
-def setsid_grandchild_then_wait() -> None:
-    """Report our pid and a setsid grandchild's (a daemon's escape), then wait to be killed."""
-    read_end, write_end = os.pipe()
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.write(write_end, str(os.getpid()).encode())
-            while True:
-                time.sleep(1)
-        os._exit(0)
-    os.wait()
-    grandchild = int(os.read(read_end, 32))
-    emit([os.getpid(), grandchild])
-    while True:
-        time.sleep(1)
 
 
 # ---------------------------------------------------------------- inside a sandbox
@@ -287,3 +271,68 @@ def forge_a_sandbox_report() -> None:
     """Write a sandbox report of our own into the channel, as if the worker had sent it."""
     os.write(channel_fd(), frame(b'{"k":"sandbox","v":{"landlock_abi":99}}'))
     emit("sent")
+
+
+def _ruleset_fds() -> int:
+    """How many Landlock rulesets this process holds open."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if "landlock-ruleset" in os.readlink(f"/proc/self/fd/{name}"):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def _shared_part(network: str) -> str:
+    from zett_agent.process import Sandbox, _policy, _sandbox
+
+    account = _sandbox.resolve_account(None)
+    return _policy.shared_part(Sandbox(network=network), account, landlock_abi=99, seccomp=True)
+
+
+def prepare_as_a_spare(network: str) -> int:
+    """Prepare what a spare of a pool sandboxing jobs of ``network``'s kind prepares; return
+    how many rulesets this worker then holds."""
+    from zett_agent.process import _ruleset
+
+    _ruleset.prepare(_shared_part(network))
+    return _ruleset_fds()
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def rulesets_held() -> int:
+    return _ruleset_fds()
+
+
+def confine_after_preparing(
+    prepared: str, network_: str, scratch: str, host: str, tcp_port: int, udp_port: int
+) -> dict[str, Any]:
+    """Prepare for jobs of ``prepared``'s network kind, as a spare does, then confine this
+    worker for a job of ``network_``'s, as a sandboxed job's worker does, and try the network."""
+    import json
+
+    from zett_agent.process import Sandbox, _confine, _policy, _ruleset
+    from zett_agent.process._worker import current_channel
+
+    channel = current_channel()
+    assert channel is not None
+    _ruleset.prepare(_shared_part(prepared))
+    shared = _shared_part(network_)
+    parts = json.loads(_policy.policy(Sandbox(network=network_), scratch, shared))
+    report = _confine.confine({**parts["shared"], **parts["job"]}, channel.sock.fileno())
+    return {
+        "refused": report.get("refused"),
+        "prepared": report.get("prepared"),
+        # /proc is out of reach now: what is open, beyond stdio and the channel
+        "fds left": [fd for fd in range(3, 1024) if fd != channel.sock.fileno() and _open(fd)],
+        **network(host, tcp_port, udp_port),
+    }

@@ -17,28 +17,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from zett_agent.messages import AssistantMessage, ToolCall
+from zett_agent.messages import AssistantMessage
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions
 from zett_agent.process import emit
 from zett_agent.process._protocol import HEADER
 from zett_agent.tools import AgentTool
-
-
-def call(name: str, arguments: Any = None, **kwargs: Any) -> ToolCall:
-    """One tool call; ``arguments`` may be anything (bad input), else the keyword arguments."""
-    args = kwargs if arguments is None else arguments
-    return ToolCall(f"call-{name}-{os.urandom(3).hex()}", name, args)
-
-
-class BlockingModel:
-    """A child whose model never answers (until its process is killed)."""
-
-    retry = RetryOptions(max_retries=0)
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        await asyncio.Event().wait()
-        yield ModelEvent.completed(ModelResponse(AssistantMessage("unreachable")))
-
 
 # ------------------------------------------------------------------ hostile child-side code
 
@@ -148,31 +131,6 @@ def ignore_sigterm() -> None:
     emit([os.getpid(), child.pid])
     while True:
         time.sleep(1)
-
-
-def setsid_double_fork() -> None:
-    """Escape like a daemon: fork, setsid, fork again, let the middle exit; report pids."""
-    read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.write(write_end, str(os.getpid()).encode())
-            while True:
-                time.sleep(1)
-        os._exit(0)
-    os.waitpid(middle, 0)
-    escaped = int(os.read(read_end, 32))
-    emit([os.getpid(), escaped])
-    while True:
-        time.sleep(1)
-
-
-def wait_on_fifo(path: str) -> str:
-    """The sibling job: tell the parent it runs, then block until it writes to ``path``."""
-    emit("ready")
-    with open(path, "rb") as stream:
-        return stream.readline().decode().strip()
 
 
 def beacon(path: str, text: str) -> None:

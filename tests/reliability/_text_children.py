@@ -13,7 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from _scripted_models import StepModel
+from support.children import schema
+from support.scripted_models import StepModel
 from zett_agent.messages import AssistantMessage, ToolCall
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent.process import emit
@@ -125,7 +126,7 @@ def _raw_frame() -> str:
 RAW_FRAME_TOOL = AgentTool(
     "raw_frame",
     "Write a frame with a lone surrogate into the result channel.",
-    {"type": "object", "properties": {}},
+    schema(),
     _raw_frame,
 )
 

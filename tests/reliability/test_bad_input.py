@@ -11,9 +11,9 @@ import math
 from typing import Any
 
 import pytest
-from _reliability_children import call
 
-from _scripted_models import StepModel, ToolsThenAnswer, tool_results
+from support.calls import tool_call
+from support.scripted_models import StepModel, ToolsThenAnswer, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
@@ -93,10 +93,10 @@ async def test_every_bad_call_fails_clearly_and_the_request_goes_on(batched: boo
     calls = [ToolCall(f"bad-{i}", tool, args) for i, (tool, args, _) in enumerate(BAD_CALLS)]
     setup = [
         # task-1 and task-2 complete and are read; max_retained=1 then forgets task-1
-        call("task_start", **GOOD_START),
-        call("task_output", task_id="task-1", wait_seconds=30),
-        call("task_start", **GOOD_START),
-        call("task_output", task_id="task-2", wait_seconds=30),
+        tool_call("task_start", **GOOD_START),
+        tool_call("task_output", task_id="task-1", wait_seconds=30),
+        tool_call("task_start", **GOOD_START),
+        tool_call("task_output", task_id="task-2", wait_seconds=30),
     ]
     steps: list[Any] = [AssistantMessage(tool_calls=(c,)) for c in setup]
     if batched:
@@ -105,7 +105,7 @@ async def test_every_bad_call_fails_clearly_and_the_request_goes_on(batched: boo
         steps += [AssistantMessage(tool_calls=(c,)) for c in calls]
     # after every bad call, the model can still use the tools normally
     steps += [
-        AssistantMessage(tool_calls=(call("task_status", task_id="task-2"),)),
+        AssistantMessage(tool_calls=(tool_call("task_status", task_id="task-2"),)),
         AssistantMessage("recovered"),
     ]
     model = StepModel(steps)

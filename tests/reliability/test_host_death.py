@@ -13,49 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 import pytest
 
+from support.host_death import harnessed_host, read_line
 from zett_agent.process._cgroup import DIR_NAME, cgroup_problem
 
 CHILDREN = 3
-
-HARNESS = textwrap.dedent(
-    r"""
-    import ctypes, json, os, sys, time
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    read_end, write_end = os.pipe()
-    host = os.posix_spawn(sys.executable, [sys.executable, *sys.argv[1:]], os.environ,
-                          file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1)])
-    os.close(write_end)
-    with os.fdopen(read_end) as stream:
-        sys.stdout.write(stream.readline())
-        sys.stdout.flush()
-    host_died = None
-    reaped = []
-    while True:  # every descendant of the host becomes our child once its parent dies
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        if pid == host:
-            host_died = time.monotonic()
-            host_status = os.waitstatus_to_exitcode(status)
-        else:
-            reaped.append(pid)
-    print(json.dumps({"after_host": time.monotonic() - host_died, "host_status": host_status,
-                      "reaped": reaped}), flush=True)
-    """
-)
 
 HOST = textwrap.dedent(
     r"""
@@ -153,12 +122,6 @@ def cgroup_base() -> str | None:
     return None if host is None else f"{host}/{DIR_NAME}"
 
 
-def _readline(stream: IO[str], timeout: float) -> str:
-    ready, _, _ = select.select([stream.fileno()], [], [], timeout)
-    assert ready, "no output within the hang guard"
-    return stream.readline()
-
-
 def _pool_cgroups(host: int) -> list[str]:
     """The cgroups of the pools of process ``host`` (there are none under scan containment)."""
     base = cgroup_base()
@@ -178,25 +141,10 @@ def test_host_death_leaves_no_descendant_after_one_second(
     """Within a second of the host's death no process it started is left, whatever the
     containment; the launcher prints nothing (no traceback on the host's terminal) and leaves
     no cgroup behind."""
-    (tmp_path / "harness.py").write_text(HARNESS)
-    (tmp_path / "host.py").write_text(HOST)
-    harness = subprocess.Popen(
-        [
-            sys.executable,
-            str(tmp_path / "harness.py"),
-            str(tmp_path / "host.py"),
-            mode,
-            str(tmp_path / "beacon"),
-            str(CHILDREN),
-            containment,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert harness.stdout is not None and harness.stderr is not None
-    try:
-        line = _readline(harness.stdout, 60)
+    with harnessed_host(
+        tmp_path, HOST, mode, str(tmp_path / "beacon"), str(CHILDREN), containment
+    ) as harness:
+        line = read_line(harness.stdout, 60)
         assert line, harness.stderr.read()
         info: dict[str, Any] = json.loads(line)
         descendants = [info["launcher"], *(pid for trio in info["children"] for pid in trio)]
@@ -204,7 +152,7 @@ def test_host_death_leaves_no_descendant_after_one_second(
         assert all(psutil.pid_exists(pid) for pid in descendants)
         if mode != "clean":
             os.kill(info["host"], getattr(signal, mode))
-        report = json.loads(_readline(harness.stdout, 30))
+        report = json.loads(read_line(harness.stdout, 30))
         expected_status = {"SIGKILL": -signal.SIGKILL, "SIGTERM": -signal.SIGTERM, "clean": 0}
         assert report["host_status"] == expected_status[mode], harness.stderr.read()
         print(
@@ -220,8 +168,3 @@ def test_host_death_leaves_no_descendant_after_one_second(
         assert harness.wait(timeout=30) == 0
         assert "Traceback" not in harness.stderr.read()
         assert _pool_cgroups(info["host"]) == []
-    finally:
-        harness.kill()
-        harness.wait()
-        harness.stdout.close()
-        harness.stderr.close()

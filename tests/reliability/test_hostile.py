@@ -17,10 +17,12 @@ from typing import Any
 import _reliability_children as hostile
 import psutil
 import pytest
-from _reliability_children import call
 
-from _liveness import alive
-from _scripted_models import StepModel, ToolsThenAnswer, tool_results
+from support.calls import tool_call
+from support.children import escape_then_wait
+from support.hostile_pool import BOUND, GUARD, Sibling, first_event, outcome
+from support.liveness import alive
+from support.scripted_models import StepModel, ToolsThenAnswer, tool_results
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
@@ -39,10 +41,6 @@ from zett_agent.process import (
 )
 from zett_agent.process._protocol import HEADER, TEXT_SLICE
 
-#: hang guard for anything a test awaits
-GUARD = 20.0
-#: every hostile outcome must be reached within this many seconds
-BOUND = 5.0
 MB = 1 << 20
 
 
@@ -57,26 +55,6 @@ def gone(pids: list[int]) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
-class Sibling:
-    """A job that runs next to the hostile one and must complete once released."""
-
-    def __init__(self, pool: ProcessPool, fifo: str, keep: int) -> None:
-        self.keep = keep
-        self.job = pool.submit(hostile.wait_on_fifo, fifo)
-
-    async def started(self) -> None:
-        async with asyncio.timeout(GUARD):
-            async for event in self.job.events():
-                assert event == "ready"
-                return
-
-    async def completes(self) -> None:
-        assert self.job.status is JobStatus.RUNNING, self.job
-        os.write(self.keep, b"unharmed\n")
-        async with asyncio.timeout(GUARD):
-            assert await self.job == "unharmed"
-
-
 @contextlib.asynccontextmanager
 async def pool_with_sibling(
     fifo: tuple[str, int], containment: str, **options: Any
@@ -89,21 +67,6 @@ async def pool_with_sibling(
         # and the pool takes new work
         async with asyncio.timeout(GUARD):
             assert await pool.submit(hostile.huge_result, 3) == "RRR"
-
-
-async def first_event(job: ProcessJob) -> Any:
-    async with asyncio.timeout(GUARD):
-        async for event in job.events():
-            return event
-    raise AssertionError(f"{job!r} ended without an event: {job.exception()!r}")
-
-
-async def outcome(job: ProcessJob) -> BaseException | None:
-    started = time.monotonic()
-    async with asyncio.timeout(GUARD):
-        await job.wait()
-    assert time.monotonic() - started < BOUND, f"{job!r} took {time.monotonic() - started:.1f}s"
-    return job.exception()
 
 
 async def cancel_within_bound(job: ProcessJob, grace: float | None = None) -> float:
@@ -172,14 +135,14 @@ async def test_a_child_agent_writing_a_pickle_fails_its_task_only(tmp_path: Path
     ]
     starts = AssistantMessage(
         tool_calls=(
-            call("task_start", subagent_type="evil", description="evil", prompt="p"),
-            call("task_start", subagent_type="good", description="good", prompt="p"),
+            tool_call("task_start", subagent_type="evil", description="evil", prompt="p"),
+            tool_call("task_start", subagent_type="good", description="good", prompt="p"),
         )
     )
     reads = AssistantMessage(
         tool_calls=(
-            call("task_output", task_id="task-1", wait_seconds=GUARD),
-            call("task_output", task_id="task-2", wait_seconds=GUARD),
+            tool_call("task_output", task_id="task-1", wait_seconds=GUARD),
+            tool_call("task_output", task_id="task-2", wait_seconds=GUARD),
         )
     )
     model = StepModel([starts, reads, AssistantMessage("went on")])
@@ -317,11 +280,11 @@ async def test_a_child_agent_with_a_huge_report_fails_with_a_reason(containment:
             [
                 AssistantMessage(
                     tool_calls=(
-                        call("task_start", subagent_type="big", description="b", prompt="p"),
+                        tool_call("task_start", subagent_type="big", description="b", prompt="p"),
                     )
                 ),
                 AssistantMessage(
-                    tool_calls=(call("task_output", task_id="task-1", wait_seconds=GUARD),)
+                    tool_calls=(tool_call("task_output", task_id="task-1", wait_seconds=GUARD),)
                 ),
                 AssistantMessage("went on"),
             ]
@@ -379,7 +342,7 @@ async def test_setsid_double_fork_escapee_is_killed(
 ) -> None:
     async with pool_with_sibling(fifo, containment) as (pool, _):
         limits = ProcessLimits(timeout=1.0) if how == "timeout" else None
-        job = pool.submit(hostile.setsid_double_fork, limits=limits)
+        job = pool.submit(escape_then_wait, limits=limits)
         pids = await first_event(job)
         # its own session and process group: a kill by session or group would miss it
         assert os.getsid(pids[1]) != os.getsid(pids[0])

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import _reliability_children as hostile
 import pytest
 
-from _liveness import alive
+from support.liveness import alive
 from zett_agent.process import JobCancelled, JobStatus, ProcessPool
 from zett_agent.process._cgroup import JOB_MAX_DEPTH, JOB_MAX_DESCENDANTS, remove_tree
 
@@ -91,12 +91,16 @@ async def test_a_hidden_orphan_retires_its_worker(containment: str) -> None:
             assert where == "hidden", answer
         # gone soon after the answer: killed with its worker's tree (cgroup) or swept by the
         # launcher it was reparented to (scan)
-        pidfd = os.pidfd_open(orphan)
         try:
-            ready, _, _ = await asyncio.to_thread(select.select, [pidfd], [], [], GUARD)
-        finally:
-            os.close(pidfd)
-        assert ready and not alive(orphan), f"the orphan {orphan} outlived the job's result"
+            pidfd = os.pidfd_open(orphan)
+        except ProcessLookupError:
+            pass  # already gone and reaped
+        else:
+            try:
+                ready, _, _ = await asyncio.to_thread(select.select, [pidfd], [], [], GUARD)
+            finally:
+                os.close(pidfd)
+            assert ready and not alive(orphan), f"the orphan {orphan} outlived the job's result"
         # the next job runs in a fresh worker, beside no orphan
         async with asyncio.timeout(GUARD):
             second = await pool.submit(os.getpid)

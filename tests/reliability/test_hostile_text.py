@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -23,18 +21,17 @@ import _text_children as bad
 import pytest
 from _text_children import LONE, StrictStepModel, strict_utf8
 
-from _liveness import alive
-from _scripted_models import tool_results
-from zett_agent.agent import AgentRunConfig
-from zett_agent.client import create_agent
+from support.calls import calls, start
+from support.hostile_pool import GUARD, Sibling, first_event, outcome
+from support.liveness import alive
+from support.parent import parent_answer
+from support.scripted_models import tool_results
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
-from zett_agent.messages import AgentMessage, AssistantMessage, ToolCall, ToolMessage
+from zett_agent.messages import AgentMessage, AssistantMessage, ToolMessage
 from zett_agent.process import (
     JobFailed,
-    JobStatus,
     JobUsage,
-    ProcessJob,
     ProcessPool,
     ProtocolError,
     _strbuild,
@@ -42,10 +39,6 @@ from zett_agent.process import (
 from zett_agent.runners import InProcessRunner
 from zett_agent.tools import AgentTool
 
-#: hang guard for anything a test awaits
-GUARD = 20.0
-#: every hostile outcome must be reached within this many seconds
-BOUND = 5.0
 REPLACED = "\ufffd"
 USAGE = b'"u":{"cpu":0,"maxrss":0}'
 BEGIN_EVENT = b'{"k":"begin","m":"event"}'
@@ -64,28 +57,6 @@ def is_valid(text: str) -> bool:
 # ------------------------------------------------------------------ the engine
 
 
-class Sibling:
-    """A job that runs next to the hostile one and must complete once released."""
-
-    def __init__(self, pool: ProcessPool, fifo: str, keep: int) -> None:
-        import _reliability_children as hostile
-
-        self.keep = keep
-        self.job = pool.submit(hostile.wait_on_fifo, fifo)
-
-    async def started(self) -> None:
-        async with asyncio.timeout(GUARD):
-            async for event in self.job.events():
-                assert event == "ready"
-                return
-
-    async def completes(self) -> None:
-        assert self.job.status is JobStatus.RUNNING, self.job
-        os.write(self.keep, b"unharmed\n")
-        async with asyncio.timeout(GUARD):
-            assert await self.job == "unharmed"
-
-
 @contextlib.asynccontextmanager
 async def pool_with_sibling(fifo: tuple[str, int], containment: str) -> AsyncIterator[ProcessPool]:
     async with ProcessPool(2, containment=containment) as pool:
@@ -95,21 +66,6 @@ async def pool_with_sibling(fifo: tuple[str, int], containment: str) -> AsyncIte
         await sibling.completes()
         async with asyncio.timeout(GUARD):  # and the pool takes new work
             assert await pool.submit(len, "next") == 4
-
-
-async def first_event(job: ProcessJob) -> Any:
-    async with asyncio.timeout(GUARD):
-        async for event in job.events():
-            return event
-    raise AssertionError(f"{job!r} ended without an event: {job.exception()!r}")
-
-
-async def outcome(job: ProcessJob) -> BaseException | None:
-    started = time.monotonic()
-    async with asyncio.timeout(GUARD):
-        await job.wait()
-    assert time.monotonic() - started < BOUND, f"{job!r} took {time.monotonic() - started:.1f}s"
-    return job.exception()
 
 
 def text_frames(raw: bytes, length: int, width: int, *, kind: bytes = b"result") -> list[bytes]:
@@ -247,18 +203,6 @@ def definitions(*, raw: bool) -> list[SubAgentDefinition]:
     return found
 
 
-def calls(*pairs: tuple[str, dict[str, Any]]) -> AssistantMessage:
-    return AssistantMessage(
-        tool_calls=tuple(
-            ToolCall(f"{name}-{i}", name, args) for i, (name, args) in enumerate(pairs)
-        )
-    )
-
-
-def start(kind: str) -> tuple[str, dict[str, Any]]:
-    return ("task_start", {"subagent_type": kind, "description": kind, "prompt": "go"})
-
-
 def runner_for(kind: str) -> dict[str, Any]:
     return {"runner": InProcessRunner()} if kind == "in-process" else {}
 
@@ -270,7 +214,7 @@ async def test_a_child_with_a_lone_surrogate_never_fails_the_parents_request(kin
     ids = [f"task-{i + 1}" for i in range(len(kinds))]
     model = StrictStepModel(
         [
-            calls(*(start(k) for k in kinds)),
+            start(*kinds),
             # the report and the errors (tool results)
             calls(*(("task_output", {"task_id": i, "wait_seconds": GUARD}) for i in ids)),
             # the progress: last_tool in task_status and task_list
@@ -278,14 +222,10 @@ async def test_a_child_with_a_lone_surrogate_never_fails_the_parents_request(kin
             AssistantMessage("went on"),
         ]
     )
-    async with AsyncSubAgentExtension(definitions(raw=raw), **runner_for(kind)) as extension:
-        client = await create_agent(
-            model, config=AgentRunConfig(session_id="s"), extensions=[extension]
-        )
-        async with client, asyncio.timeout(GUARD):
-            answer = await client.run("go")
-            tasks = extension.tasks("s")  # before the client closes: that releases them
-    assert answer.content == "went on"  # every request of the parent was sent
+    extension = AsyncSubAgentExtension(definitions(raw=raw), **runner_for(kind))
+    async with extension, parent_answer(model, extension, within=GUARD) as answer:
+        tasks = extension.tasks("parent")  # before the client closes: that releases them
+    assert answer == "went on"  # every request of the parent was sent
     assert len(model.requests) == 4
     done, broken, *rest = tasks
     assert done.status is SubAgentTaskStatus.COMPLETED
@@ -307,31 +247,30 @@ async def test_a_child_with_a_lone_surrogate_never_fails_the_parents_request(kin
     assert listing["tasks"][0]["last_tool"] == f"look{REPLACED}"
 
 
-async def wait_for_all(extension: AsyncSubAgentExtension, session: str) -> str:
-    for task in extension.tasks(session):
-        await extension.wait(task, GUARD)
-    return "all settled"
+def settle_tool(extension: AsyncSubAgentExtension) -> AgentTool:
+    """The parent's tool ``settle``: it returns once every task of the parent's session has
+    settled (so their completion notices come with the model's next request)."""
+
+    async def settle() -> str:
+        for task in extension.tasks("parent"):
+            await extension.wait(task, GUARD)
+        return "all settled"
+
+    return AgentTool("settle", "wait", {"type": "object", "properties": {}}, settle)
 
 
 @pytest.mark.parametrize("kind", ["process", "in-process"])
 async def test_completion_notices_of_such_children_reach_the_model(kind: str) -> None:
     # max_retained=0: each task is forgotten as it finishes, so its notice carries its report
     model = StrictStepModel(
-        [calls(start("bad"), start("broken")), calls(("settle", {})), AssistantMessage("noted")]
+        [start("bad", "broken"), calls(("settle", {})), AssistantMessage("noted")]
     )
-    async with AsyncSubAgentExtension(
-        definitions(raw=False), max_retained=0, **runner_for(kind)
-    ) as extension:
-
-        async def settle() -> str:
-            return await wait_for_all(extension, "s")
-
-        waiter = AgentTool("settle", "wait", {"type": "object", "properties": {}}, settle)
-        client = await create_agent(
-            model, config=AgentRunConfig(session_id="s"), extensions=[extension], tools=[waiter]
-        )
-        async with client, asyncio.timeout(GUARD):
-            assert (await client.run("go")).content == "noted"
+    extension = AsyncSubAgentExtension(definitions(raw=False), max_retained=0, **runner_for(kind))
+    async with (
+        extension,
+        parent_answer(model, extension, tools=(settle_tool(extension),), within=GUARD) as answer,
+    ):
+        assert answer == "noted"
     notices = [m.content for m in model.requests[-1].messages if isinstance(m, AgentMessage)]
     assert len(notices) == 2, notices
     assert any(f"report {REPLACED} end" in n for n in notices), notices
@@ -346,10 +285,9 @@ async def test_the_foreground_subagent_tool_result_is_valid_text() -> None:
             AssistantMessage("went on"),
         ]
     )
-    async with SubAgentExtension(definitions(raw=False)) as extension:
-        client = await create_agent(model, extensions=[extension])
-        async with client, asyncio.timeout(GUARD):
-            assert (await client.run("go")).content == "went on"
+    extension = SubAgentExtension(definitions(raw=False))
+    async with extension, parent_answer(model, extension, within=GUARD) as answer:
+        assert answer == "went on"
     report, failure = tool_results(model.requests[-1])
     assert report.text == f"report {REPLACED} end"
     assert failure.failed and "model broke" in failure.text and is_valid(failure.text)
@@ -418,25 +356,20 @@ class NodeNotices(AsyncSubAgentExtension):
 async def test_the_extension_cleans_what_any_runner_delivers() -> None:
     model = StrictStepModel(
         [
-            calls(start("bad"), start("broken")),
+            start("bad", "broken"),
             calls(("settle", {})),  # the notices come with the next request
             calls(("task_status", {"task_id": "task-1"}), ("task_list", {})),
             calls(("task_output", {"task_id": "task-1"}), ("task_output", {"task_id": "task-2"})),
             AssistantMessage("went on"),
         ]
     )
-    async with NodeNotices(definitions(raw=False), runner=RawRunner()) as extension:
-
-        async def settle() -> str:
-            return await wait_for_all(extension, "s")
-
-        waiter = AgentTool("settle", "wait", {"type": "object", "properties": {}}, settle)
-        client = await create_agent(
-            model, config=AgentRunConfig(session_id="s"), extensions=[extension], tools=[waiter]
-        )
-        async with client, asyncio.timeout(GUARD):
-            assert (await client.run("go")).content == "went on"
-            done, broken = extension.tasks("s")  # before the client closes: that releases them
+    extension = NodeNotices(definitions(raw=False), runner=RawRunner())
+    async with (
+        extension,
+        parent_answer(model, extension, tools=(settle_tool(extension),), within=GUARD) as answer,
+    ):
+        assert answer == "went on"
+        done, broken = extension.tasks("parent")  # before the client closes: that releases them
     # the task records hold valid text too (an application serves them as JSON)
     assert done.output == f"raw {REPLACED}" and done.last_tool == f"tool{REPLACED}"
     assert broken.error == f"the child agent raised Boom{REPLACED}: failed {REPLACED}"

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from _reliability_children import call
-
-from _scripted_models import StepModel, ToolsThenAnswer
+from support.calls import call, starts
+from support.scripted_models import StepModel, ToolsThenAnswer
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
@@ -29,15 +28,10 @@ async def test_notices_survive_eviction_between_two_model_calls() -> None:
         await asyncio.gather(*(t.settled.wait() for t in extension.tasks("s")))
         return "all finished"
 
-    starts = AssistantMessage(
-        tool_calls=tuple(
-            call("task_start", subagent_type="w", description=f"t{i}", prompt="p") for i in range(3)
-        )
-    )
     model = StepModel(
         [
-            starts,
-            AssistantMessage(tool_calls=(call("until_all_finished"),)),
+            starts(3, "w"),
+            call("until_all_finished"),
             AssistantMessage("done"),
         ]
     )

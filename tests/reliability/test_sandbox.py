@@ -55,16 +55,6 @@ def secret() -> Iterator[Path]:
     path.unlink()
 
 
-@pytest.fixture
-def abstract_server() -> Iterator[bytes]:
-    name = b"zett-test-" + os.urandom(6).hex().encode()
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(b"\0" + name)
-    server.listen(8)
-    yield name
-    server.close()
-
-
 def cgroup_procs(pool: ProcessPool) -> list[str]:
     """``cgroup.procs`` files a job could move itself into: its pool's, and the hierarchy's."""
     paths = [
@@ -218,6 +208,55 @@ async def test_the_network_is_closed_with_none_and_open_with_all(containment: st
             assert opened == {"tcp": "ok", "udp": "ok"}, opened
             got = {await received.get(), await received.get()}
     assert got == {b"tcp from the job", b"udp from the job"}
+
+
+@pytest.mark.parametrize(
+    ("prepared", "kind", "outcome"),
+    [
+        ("none", "none", "EPERM"),
+        ("all", "none", "EPERM"),
+        ("none", "all", "ok"),
+        ("all", "all", "ok"),
+    ],
+)
+async def test_what_a_spare_prepared_serves_only_a_job_of_the_kind_it_was_prepared_for(
+    containment: str, tmp_path: Path, prepared: str, kind: str, outcome: str
+) -> None:
+    """A spare builds a job's ruleset ahead for the latest kind of sandbox its pool ran; a job
+    of another kind gets a ruleset of its own, never the prepared one."""
+    scratch = tmp_path / "scratch"
+    async with (
+        loopback_servers() as (tcp, udp, received),
+        ProcessPool(1, containment=containment, max_jobs_per_worker=1) as pool,
+    ):
+        async with asyncio.timeout(GUARD):
+            seen = await pool.submit(
+                confined.confine_after_preparing,
+                prepared,
+                kind,
+                str(scratch),
+                "127.0.0.1",
+                tcp,
+                udp,
+            )
+    assert seen["refused"] is None, seen
+    assert seen["prepared"] is (prepared == kind), seen
+    assert seen["tcp"] == seen["udp"] == outcome, seen
+    assert seen["fds left"] == [], seen  # the prepared ruleset's too
+    assert received.qsize() == (2 if outcome == "ok" else 0)
+    scratch.rmdir()
+
+
+async def test_a_job_that_is_not_sandboxed_inherits_nothing_a_spare_prepared(
+    containment: str,
+) -> None:
+    async with ProcessPool(1, containment=containment, max_jobs_per_worker=2) as pool:
+        async with asyncio.timeout(GUARD):
+            first = pool.submit(confined.prepare_as_a_spare, "none")
+            assert await first == 1  # the worker now holds a prepared ruleset
+            second = pool.submit(confined.rulesets_held)
+            assert await second == 0
+    assert first.pid == second.pid  # the same worker: it dropped what it prepared
 
 
 async def test_a_grandchild_is_confined_the_same_way_and_dies_on_cancel(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-from collections.abc import Iterator
 
 import _confined_children as confined
 import pytest
@@ -26,17 +24,6 @@ _ABI, _WHY = abi()
 pytestmark = pytest.mark.skipif(
     _ABI < 6, reason=f"needs Landlock ABI 6 (Linux 6.12); this kernel has {_ABI}: {_WHY}"
 )
-
-
-@pytest.fixture
-def abstract_server() -> Iterator[bytes]:
-    """An abstract UNIX socket this test process listens on: outside every worker's domain."""
-    name = b"zett-test-" + os.urandom(6).hex().encode()
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(b"\0" + name)
-    server.listen(8)
-    yield name
-    server.close()
 
 
 async def test_a_job_cannot_reach_its_launcher_or_host_and_its_own_things_still_work(

@@ -8,13 +8,13 @@ pool's launcher inherits), so it imports only what a child needs.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+from support.children import hog_memory, segfault, spin
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -34,23 +34,8 @@ def _step(n: int) -> str:
     return f"step {n} done"
 
 
-def _segfault() -> str:
-    ctypes.string_at(0)
-    return "unreachable"
-
-
 def _exit7() -> str:
     os._exit(7)
-
-
-def _hog(megabytes: int) -> str:
-    chunks = [bytearray(1 << 20) for _ in range(megabytes)]
-    return f"allocated {len(chunks)} MiB"
-
-
-def _spin() -> str:
-    while True:  # pure Python: only the CPU limit ends it
-        pass
 
 
 def _tool(name: str, handler: Any, **properties: Any) -> AgentTool:
@@ -59,10 +44,10 @@ def _tool(name: str, handler: Any, **properties: Any) -> AgentTool:
 
 TOOLS = (
     _tool("step", _step, n={"type": "integer"}),
-    _tool("segfault", _segfault),
+    _tool("segfault", segfault),
     _tool("exit7", _exit7),
-    _tool("hog", _hog, megabytes={"type": "integer"}),
-    _tool("spin", _spin),
+    _tool("hog", hog_memory, megabytes={"type": "integer"}),
+    _tool("spin", spin),
 )
 
 #: the tool a crashing kind calls first

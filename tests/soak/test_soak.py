@@ -22,7 +22,6 @@ import json
 import os
 import random
 import re
-import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -34,6 +33,7 @@ import psutil
 import pytest
 from _soak_children import TOOLS, ScriptedChild, SoakExtension, big_report
 
+from support.beacons import bound_socket
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import SubAgentTask, SubAgentTaskStatus
@@ -170,9 +170,7 @@ class Beacons:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.sock.setblocking(False)
+        self.sock = bound_socket(path)
         self._seen: dict[str, asyncio.Future[str]] = {}
         self._reader: asyncio.Task[None] | None = None
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -14,7 +12,9 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-from _subagent_models import (
+
+from support.calls import call, final, one_task_reported, read_output
+from support.children import (
     BURN_TIMED,
     HOG,
     PROGRESS,
@@ -22,13 +22,15 @@ from _subagent_models import (
     SPIN,
     WHOAMI,
     BlockingModel,
-    ChildModel,
     GateModel,
-    call,
+    schema,
 )
-
-from _liveness import alive
-from _scripted_models import StepModel, last_json, tool_results
+from support.liveness import gone
+from support.parent import run_parent, worker
+from support.runners import runner_params
+from support.scripted_models import StepModel, last_json, tool_results
+from support.scripted_models import ToolsThenAnswer as ChildModel
+from support.scripts import run_python
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import (
@@ -49,7 +51,7 @@ HANG_GUARD = 60
 E = TypeVar("E", bound=AsyncSubAgentExtension)
 
 
-@pytest.fixture(params=["process", "in-process"])
+@pytest.fixture(params=runner_params("process", "in-process"))
 def runner(request: pytest.FixtureRequest) -> str:
     """Registry semantics hold whatever runs the children: processes, or a test double."""
     return str(request.param)
@@ -61,61 +63,10 @@ def build(cls: type[E], runner: str, *args: Any, **kwargs: Any) -> E:
     return cls(*args, **kwargs)
 
 
-def worker(
-    model: Model, *, name: str = "worker", tools: Any = (), limits: Any = None
-) -> SubAgentDefinition:
-    return SubAgentDefinition(
-        name=name,
-        description=f"{name} profile for tests",
-        system_prompt="You are a test child.",
-        model=model,
-        tools=tools,
-        limits=limits,
-    )
-
-
-def gone(pid: int) -> bool:
-    return not alive(pid)
-
-
-async def run_parent(
-    extension: AsyncSubAgentExtension,
-    steps: list[Any],
-    *,
-    session_id: str = "parent",
-    prompt: str = "go",
-    extra_extensions: tuple[Any, ...] = (),
-    tools: tuple[AgentTool, ...] = (),
-) -> tuple[str, StepModel]:
-    model = StepModel(steps)
-    client = await create_agent(
-        model,
-        config=AgentRunConfig(session_id=session_id),
-        extensions=[extension, *extra_extensions],
-        tools=tools,
-    )
-    async with asyncio.timeout(HANG_GUARD):
-        result = await client.run(prompt)
-    # the client stays open: closing it would release the session's tasks (the tests read them
-    # afterwards); the extension's close() ends whatever still runs
-    return result.content, model
-
-
-def final(text: str = "finished") -> AssistantMessage:
-    return AssistantMessage(content=text)
-
-
 async def test_child_runs_in_its_own_process_and_reports_progress() -> None:
     child = ChildModel(answer="child pid {last}", tools=[("whoami", {})])
     async with AsyncSubAgentExtension([worker(child, tools=(WHOAMI,))]) as extension:
-        content, _ = await run_parent(
-            extension,
-            [
-                call("task_start", subagent_type="worker", description="who", prompt="say pid"),
-                lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
-                lambda r: final(last_json(r)["content"]),
-            ],
-        )
+        content, _ = await run_parent(extension, one_task_reported("who", "say pid"))
         [task] = extension.tasks("parent")
     child_pid = int(content.split()[-1])
     assert child_pid != os.getpid()
@@ -134,7 +85,7 @@ async def test_a_tool_in_the_child_reports_its_own_progress() -> None:
             extension,
             [
                 call("task_start", subagent_type="worker", description="p", prompt="report"),
-                lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
+                read_output,
                 lambda r: final(json.dumps(last_json(r))),
             ],
         )
@@ -203,7 +154,7 @@ async def test_oldest_finished_task_is_evicted_and_reported_as_such(runner: str)
     def start_and_read(description: str) -> list[Any]:
         return [
             call("task_start", subagent_type="worker", description=description, prompt="p"),
-            lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
+            read_output,
         ]
 
     async with build(
@@ -266,11 +217,7 @@ async def test_finished_task_is_announced_once_before_the_next_model_call(
                 call("task_list"),
                 final(),
             ],
-            tools=(
-                AgentTool(
-                    "release_and_wait", "", {"type": "object", "properties": {}}, release_and_wait
-                ),
-            ),
+            tools=(AgentTool("release_and_wait", "", schema(), release_and_wait),),
         )
     counts = [len(notices(r)) for r in model.requests]
     assert counts == [0, 0, 1, 1]  # announced before the call after it finished, then only kept
@@ -330,7 +277,7 @@ async def test_task_read_through_a_tool_is_not_announced(tmp_path: Path, runner:
             final(),
         ]
     )
-    release_tool = AgentTool("release", "", {"type": "object", "properties": {}}, release)
+    release_tool = AgentTool("release", "", schema(), release)
     async with build(AsyncSubAgentExtension, runner, [worker(GateModel(str(gate)))]) as extension:
         client = await create_agent(
             model,
@@ -413,11 +360,7 @@ async def test_task_cancel_kills_a_child_spinning_in_pure_python(tmp_path: Path)
                 call("task_cancel", task_id="task-1"),
                 lambda r: final("gone" if gone(seen["pid"]) else "still alive"),
             ],
-            tools=(
-                AgentTool(
-                    "until_spinning", "", {"type": "object", "properties": {}}, until_spinning
-                ),
-            ),
+            tools=(AgentTool("until_spinning", "", schema(), until_spinning),),
         )
         info = json.loads(tool_results(model.requests[-1])[-1].text)
         [task] = extension.tasks("parent")
@@ -520,14 +463,7 @@ class CustomChildren(AsyncSubAgentExtension):
 
 async def test_create_child_override_runs_in_the_child_process() -> None:
     async with CustomChildren([worker(ChildModel("{system}"))]) as extension:
-        content, _ = await run_parent(
-            extension,
-            [
-                call("task_start", subagent_type="worker", description="d", prompt="p"),
-                lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
-                lambda r: final(last_json(r)["content"]),
-            ],
-        )
+        content, _ = await run_parent(extension, one_task_reported())
     assert content.startswith("built by override in ")
     assert int(content.split()[4]) != os.getpid()
     assert content.endswith("for parent/task-1")
@@ -629,13 +565,7 @@ MAIN_SCRIPT = textwrap.dedent(
 def test_children_defined_in_main_work_and_main_is_not_rerun(tmp_path: Path) -> None:
     script = tmp_path / "host.py"
     script.write_text(MAIN_SCRIPT)
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
+    out = run_python(str(script), timeout=HANG_GUARD)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["main module ran", "completed from __main__ child"]
 

@@ -1,6 +1,7 @@
-"""The seed's contract, the way its users write it (issue 10): subclasses with state, the
+"""The subagent contract, the way its users write it: subclasses with state, the
 wake-up pattern, every admitted task running at once, an atomic ``max_concurrent``, a bounded
-registry, children that start children, warm children, and the runners."""
+registry, children that start children, warm children, and the runners: each test taking
+``runner`` holds for every kind of ``support.runners``."""
 
 from __future__ import annotations
 
@@ -8,23 +9,27 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from _contract_children import AnnounceAndBlock, Orchestrator, metrics
-from _subagent_models import BlockingModel, ChildModel, GateModel, call
+from _contract_children import Orchestrator, metrics
 
-from _liveness import alive
-from _reaping import reap_adopted
-from _scripted_models import StepModel, last_json, tool_results
+from support.beacons import Beacons
+from support.calls import call, final, read_output, starts
+from support.children import AnnounceAndBlock, BlockingModel, GateModel
+from support.liveness import gone
+from support.parent import run_parent, worker
+from support.reaping import reap_adopted
+from support.runners import make_runner, runner_params
+from support.scripted_models import StepModel, last_json, tool_results
+from support.scripted_models import ToolsThenAnswer as ChildModel
+from support.scripts import run_python
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.events import InternalMessageEvent
@@ -37,103 +42,27 @@ from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.messages import AgentMessage, AssistantMessage
 from zett_agent.model import Model, ModelRequest
 from zett_agent.process import ProcessLimits, ProcessPool
-from zett_agent.runners import ChildRunner, InProcessRunner, ProcessRunner
+from zett_agent.runners import InProcessRunner, ProcessRunner
 from zett_agent.tools import AgentTool
 
 HANG_GUARD = 60
 
 
-@pytest.fixture(params=["process", "in-process"])
+@pytest.fixture(params=runner_params())
 def runner(request: pytest.FixtureRequest) -> str:
+    """The contract holds whatever runs the children: each kind of ``support.runners``."""
     return str(request.param)
-
-
-def make_runner(kind: str) -> ChildRunner:
-    return ProcessRunner() if kind == "process" else InProcessRunner()
-
-
-def worker(model: Model, name: str = "worker", **fields: Any) -> SubAgentDefinition:
-    return SubAgentDefinition(
-        name, f"{name} profile for tests", "You are a test child.", model, **fields
-    )
-
-
-def starts(n: int, subagent_type: str = "worker") -> AssistantMessage:
-    return AssistantMessage(
-        tool_calls=tuple(
-            call(
-                "task_start", subagent_type=subagent_type, description=f"t{i}", prompt="p"
-            ).tool_calls[0]
-            for i in range(n)
-        )
-    )
 
 
 def notices(request: ModelRequest) -> list[str]:
     return [m.content for m in request.messages if isinstance(m, AgentMessage)]
 
 
-def gone(pid: int) -> bool:
-    return not alive(pid)
-
-
-class Beacons:
-    """Children report ``"<label> <pid>"`` datagrams here (see ``_contract_children.beacon``)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.sock.setblocking(False)
-        self.seen: dict[str, int] = {}
-
-    async def until(self, *labels: str) -> dict[str, int]:
-        """Wait until every label was reported; return label -> pid."""
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(HANG_GUARD):
-            while not all(label in self.seen for label in labels):
-                label, pid = (await loop.sock_recv(self.sock, 256)).decode().split()
-                self.seen[label] = int(pid)
-        return {label: self.seen[label] for label in labels}
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def beacons(tmp_path: Path) -> AsyncIterator[Beacons]:
-    b = Beacons(str(tmp_path / "beacons"))
-    yield b  # type: ignore[misc]
-    b.close()
-
-
-async def run_parent(
-    extension: AsyncSubAgentExtension,
-    steps: list[Any],
-    *,
-    session_id: str = "parent",
-    tools: tuple[AgentTool, ...] = (),
-) -> StepModel:
-    model = StepModel(steps)
-    client = await create_agent(
-        model, config=AgentRunConfig(session_id=session_id), extensions=[extension], tools=tools
-    )
-    # the client stays open: closing it would release the session's tasks (the tests go on
-    # with them); the extension's close() ends whatever still runs
-    async with asyncio.timeout(HANG_GUARD):
-        await client.run("go")
-    return model
-
-
-def final(text: str = "finished") -> AssistantMessage:
-    return AssistantMessage(content=text)
-
-
-# -- 1. the extension object never travels: subclasses with real state ---------------------
+# -- the extension object never travels: subclasses with real state ------------------------
 
 
 class TerseNotices(AsyncSubAgentExtension):
-    """The guide's subclass, as written there: ``metrics`` is a module global with a lock."""
+    """A subclass as users write it: ``metrics`` is a module global with a lock."""
 
     def build_tools(self, context: Any, subagents: Any) -> tuple[AgentTool, ...]:
         # Drop cancellation for this deployment.
@@ -146,7 +75,9 @@ class TerseNotices(AsyncSubAgentExtension):
         metrics.record(task.subagent_type, task.elapsed)
 
 
-async def test_the_guides_terse_notices_with_its_metrics_lock(tmp_path: Path, runner: str) -> None:
+async def test_a_subclass_with_terse_notices_and_a_metrics_lock_keeps_its_state_in_the_parent(
+    tmp_path: Path, runner: str
+) -> None:
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     before = len(metrics.records)
@@ -306,7 +237,7 @@ def test_main_globals_with_locks_and_a_main_subclass_overriding_create_child(
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    if variant == "wake":  # the guide's pattern: nothing of the subclass travels
+    if variant == "wake":  # the wake-up pattern: nothing of the subclass travels
         assert lines == ["started", "sys True"], out.stdout
     elif variant == "confined":  # the class travels by value; _create_child ran in the child
         assert lines == ["started", "confined True"], out.stdout
@@ -344,7 +275,7 @@ async def test_create_child_runs_in_the_child_on_an_instance_holding_only_child_
             extension,
             [
                 starts(1),
-                lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
+                read_output,
                 final(),
             ],
         )
@@ -364,7 +295,7 @@ async def test_an_unpicklable_definition_fails_task_start_naming_the_culprit(run
     async with AsyncSubAgentExtension(
         [worker(LockedModel(), name="locked")], runner=make_runner(runner)
     ) as extension:
-        model = await run_parent(
+        _, model = await run_parent(
             extension,
             [call("task_start", subagent_type="locked", description="d", prompt="p"), final()],
         )
@@ -375,7 +306,7 @@ async def test_an_unpicklable_definition_fails_task_start_naming_the_culprit(run
     assert "_thread.lock" in refused.text
 
 
-# -- 2. every admitted task runs at once; sessions never wait for each other -----------------
+# -- every admitted task runs at once; sessions never wait for each other --------------------
 
 
 async def test_every_admitted_task_runs_at_once_whatever_the_core_count(
@@ -449,7 +380,7 @@ async def test_a_task_waiting_for_a_process_says_so(beacons: Beacons) -> None:
 
     waiter = AgentTool("until_running", "", {"type": "object", "properties": {}}, until_running)
     async with AsyncSubAgentExtension([definition], max_concurrent=2, max_children=1) as extension:
-        model = await run_parent(
+        _, model = await run_parent(
             extension,
             [starts(2), call("until_running"), call("task_list"), final()],
             tools=(waiter,),
@@ -466,7 +397,7 @@ async def test_a_task_waiting_for_a_process_says_so(beacons: Beacons) -> None:
         assert extension.task_info(queued)["status"] == "running"
 
 
-# -- 3. max_concurrent is atomic -----------------------------------------------------------
+# -- max_concurrent is atomic --------------------------------------------------------------
 
 
 async def test_six_parallel_starts_on_a_cold_extension_start_exactly_max_concurrent(
@@ -475,7 +406,7 @@ async def test_six_parallel_starts_on_a_cold_extension_start_exactly_max_concurr
     async with AsyncSubAgentExtension(
         [worker(BlockingModel())], max_concurrent=2, runner=make_runner(runner)
     ) as extension:
-        model = await run_parent(extension, [starts(6), final()])
+        _, model = await run_parent(extension, [starts(6), final()])
         results = tool_results(model.requests[-1])
         started = [r for r in results if not r.failed]
         refused = [r for r in results if r.failed]
@@ -484,7 +415,7 @@ async def test_six_parallel_starts_on_a_cold_extension_start_exactly_max_concurr
         assert len(extension.tasks("parent")) == 2
 
 
-# -- 5. max_retained is a bound at all times; notices never point at nothing ----------------
+# -- max_retained is a bound at all times; notices never point at nothing -------------------
 
 
 async def test_an_app_calling_start_directly_never_holds_more_than_max_retained(
@@ -511,7 +442,7 @@ async def test_an_app_calling_start_directly_never_holds_more_than_max_retained(
             await extension.wait(task)
             kept = extension.tasks("app")
             assert len(kept) <= retained and all(t.done() for t in kept)
-        session = extension._sessions["app"]
+        session = extension._registry.sessions["app"]
         assert len(session.due) <= retained + max(retained, 16)  # kept tasks + short notices
         await client.run("now announce")
     announced = notices(model.requests[-1])
@@ -588,7 +519,7 @@ async def test_a_forgotten_task_is_announced_once_and_never_as_readable(
         assert read.failed and "evicted" in read.text
 
 
-# -- 8. children that start children --------------------------------------------------------
+# -- children that start children -----------------------------------------------------------
 
 
 async def test_an_extension_pickles_with_its_configuration_and_none_of_its_runtime() -> None:
@@ -666,7 +597,7 @@ async def test_three_levels_of_children_and_stopping_the_outer_task_kills_the_tr
     assert [pid for pid in tree if not gone(pid)] == []
 
 
-# -- 12. runners ------------------------------------------------------------------------------
+# -- runners ----------------------------------------------------------------------------------
 
 
 def test_runner_options_are_checked_where_they_are_given() -> None:
@@ -674,13 +605,17 @@ def test_runner_options_are_checked_where_they_are_given() -> None:
         AsyncSubAgentExtension([worker(ChildModel())], runner=InProcessRunner(), max_children=3)
     with pytest.raises(TypeError, match=r"runner must implement zett_agent\.runners\.ChildRunner"):
         AsyncSubAgentExtension([worker(ChildModel())], runner=object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_children must be at least 1"):
+    with pytest.raises(ValueError, match=r"ProcessRunner\(max_children=...\) must be at least 1"):
         ProcessRunner(max_children=0)
     with pytest.raises(ValueError, match="set them on the ProcessPool itself"):
         ProcessRunner(ProcessPool(), max_children=3)
-    with pytest.raises(TypeError, match="subagents must be a list"):
+    with pytest.raises(
+        TypeError, match=r"AsyncSubAgentExtension\(subagents=\.\.\.\) must be a list"
+    ):
         AsyncSubAgentExtension(worker(ChildModel()))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"limits must be a zett_agent.process.ProcessLimits"):
+    with pytest.raises(
+        TypeError, match=r"\(limits=\.\.\.\) must be a zett_agent.process.ProcessLimits"
+    ):
         AsyncSubAgentExtension([worker(ChildModel())], limits={"timeout": 1})  # type: ignore[arg-type]
     assert isinstance(AsyncSubAgentExtension([worker(ChildModel())]).runner, ProcessRunner)
 
@@ -729,13 +664,7 @@ UNCLOSED = textwrap.dedent(
 def test_an_unclosed_extension_warns_naming_the_extension(tmp_path: Path) -> None:
     script = tmp_path / "leaky.py"
     script.write_text(UNCLOSED)
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
+    out = run_python(str(script), timeout=HANG_GUARD)
     assert out.returncode == 0, out.stderr
     # the launcher, orphaned with the host, killed everything and exited
     reap_adopted()

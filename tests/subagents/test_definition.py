@@ -54,19 +54,22 @@ def test_a_function_that_cannot_be_a_tool_is_a_type_error_naming_the_field() -> 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"limits": {"timeout": 1}}, r"limits must be a zett_agent.process.ProcessLimits.*dict"),
-        ({"limits": 30}, r"limits must be .*ProcessLimits\(timeout="),
-        ({"tools": "read_file"}, r"tools must be a list, got str"),
+        (
+            {"limits": {"timeout": 1}},
+            r"limits=\.\.\.\) must be a zett_agent.process.ProcessLimits.*dict",
+        ),
+        ({"limits": 30}, r"limits=\.\.\.\) must be .*ProcessLimits\(timeout="),
+        ({"tools": "read_file"}, r"tools=\.\.\.\) must be a list, got str"),
         ({"tools": [42]}, r"tools\[0\] must be an AgentTool .* got int 42"),
         ({"tools": [str]}, r"tools\[0\] must be an AgentTool"),
-        ({"tools": count_words}, r"tools must be a list"),
+        ({"tools": count_words}, r"tools=\.\.\.\) must be a list"),
         ({"extensions": [Extension]}, r"extensions\[0\] .* not the class"),
         ({"extensions": ["ToolGuidelines"]}, r"extensions\[0\] must be an Extension instance"),
-        ({"model": "gpt-4o-mini"}, r"model must be a Model .* got str 'gpt-4o-mini'"),
-        ({"max_turns": 2.5}, r"max_turns must be an int"),
-        ({"max_turns": True}, r"max_turns must be an int"),
-        ({"name": None}, r"name must be a str"),
-        ({"system_prompt": ["p"]}, r"system_prompt must be a str"),
+        ({"model": "gpt-4o-mini"}, r"model=\.\.\.\) must be a Model .* got str 'gpt-4o-mini'"),
+        ({"max_turns": 2.5}, r"max_turns=\.\.\.\) must be an int"),
+        ({"max_turns": True}, r"max_turns=\.\.\.\) must be an int"),
+        ({"name": None}, r"name=\.\.\.\) must be a str"),
+        ({"system_prompt": ["p"]}, r"system_prompt=\.\.\.\) must be a str"),
     ],
 )
 def test_a_wrong_type_is_a_type_error_naming_the_field(
@@ -82,7 +85,7 @@ def test_a_wrong_type_is_a_type_error_naming_the_field(
     [
         ({"name": "has spaces"}, "identifier"),
         ({"description": "  "}, "needs a description"),
-        ({"max_turns": 0}, "max_turns must be >= 1"),
+        ({"max_turns": 0}, r"max_turns=\.\.\.\) must be at least 1, got 0"),
         ({"tools": [count_words, count_words]}, "two tools share a name: count_words"),
     ],
 )

@@ -1,4 +1,4 @@
-"""The README's offline program (section "Offline: children without a model provider") runs as
+"""The offline program of docs/offline.md ("Offline: children without a model provider") runs as
 written and prints the child's report."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-HEADING = "### Offline: children without a model provider"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "offline.md"
+HEADING = "# Offline: children without a model provider"
 
 
-def test_the_readme_offline_program_runs_as_written(tmp_path: Path) -> None:
-    text = README.read_text()
+def test_the_offline_program_runs_as_written(tmp_path: Path) -> None:
+    text = PAGE.read_text(encoding="utf-8")
     section = text[text.index(HEADING) :]
     begin = section.index("```python\n") + len("```python\n")
     program = section[begin : section.index("\n```\n", begin)]

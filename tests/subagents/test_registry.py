@@ -11,18 +11,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import socket
 import weakref
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _contract_children import AnnounceAndBlock
-from _subagent_models import BlockingModel, GateModel, call
 
-from _liveness import alive
-from _scripted_models import StepModel, ToolsThenAnswer, last_json
+from support.beacons import Beacons
+from support.calls import call, read_output, start
+from support.children import AnnounceAndBlock, BlockingModel, GateModel
+from support.liveness import alive
+from support.parent import until_running
+from support.scripted_models import StepModel, ToolsThenAnswer
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import (
@@ -52,46 +52,16 @@ def announcing(path: str, label: str) -> SubAgentDefinition:
     )
 
 
-def start(subagent_type: str) -> AssistantMessage:
-    return call("task_start", subagent_type=subagent_type, description="t", prompt="p")
-
-
 #: a request that starts a quick task and reads its report: the session ends up idle
 FINISHED_AND_READ = [
     start("quick"),
-    lambda r: call("task_output", task_id=last_json(r)["task_id"], wait_seconds=30),
+    read_output,
     AssistantMessage("read it"),
 ]
 
 
 def config(session: str) -> AgentRunConfig:
     return AgentRunConfig(session_id=session)
-
-
-class Beacons:
-    """Children report ``"<label> <pid>"`` datagrams here (``_contract_children.beacon``)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
-        self.sock.setblocking(False)
-        self.seen: dict[str, int] = {}
-
-    async def until(self, *labels: str) -> dict[str, int]:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(HANG_GUARD):
-            while not all(label in self.seen for label in labels):
-                label, pid = (await loop.sock_recv(self.sock, 256)).decode().split()
-                self.seen[label] = int(pid)
-        return {label: self.seen[label] for label in labels}
-
-
-@pytest.fixture
-def beacons(tmp_path: Path) -> AsyncIterator[Beacons]:
-    b = Beacons(str(tmp_path / "beacons"))
-    yield b  # type: ignore[misc]
-    b.sock.close()
 
 
 # -- forgetting idle sessions ------------------------------------------------------------------
@@ -126,7 +96,7 @@ async def test_idle_sessions_beyond_max_sessions_are_forgotten_least_recently_us
         assert [t.task_id for t in extension.tasks("a")] == ["task-5"]
         with pytest.raises(ValueError, match="earlier task records were forgotten"):
             extension.get_task("a", "task-1")
-        assert len(extension._sessions) == 2
+        assert len(extension._registry.sessions) == 2
 
 
 async def test_a_session_with_a_running_task_or_an_unread_notice_is_never_forgotten(
@@ -149,7 +119,7 @@ async def test_a_session_with_a_running_task_or_an_unread_notice_is_never_forgot
         reader = Agent(StepModel(FINISHED_AND_READ), extensions=[extension])
         for i in range(5):
             await reader.run("go", config=config(f"idle-{i}"))
-        assert [s for s in extension._sessions] == ["busy", "unread", "idle-4"]
+        assert [s for s in extension._registry.sessions] == ["busy", "unread", "idle-4"]
         [busy] = extension.tasks("busy")
         assert busy.status is SubAgentTaskStatus.RUNNING
 
@@ -166,7 +136,7 @@ async def test_a_session_with_a_running_task_or_an_unread_notice_is_never_forgot
 
 
 async def test_3000_sessions_each_with_a_read_report_keep_the_registry_bounded() -> None:
-    # the issue's case: each session ran one task whose report was read. The registry keeps
+    # each session ran one task whose report was read, and was left idle. The registry keeps
     # the 1,000 most recently used idle sessions (the documented default), and the records of
     # the others, reports included, are freed
     report = "r" * 20_000
@@ -182,9 +152,9 @@ async def test_3000_sessions_each_with_a_read_report_keep_the_registry_bounded()
     async with extension, asyncio.timeout(600):
         for i in range(3000):
             await agent.run("go", config=config(f"s{i}"))
-        assert len(extension._sessions) == 1000
-        assert len(extension._idle) == 1000
-        assert len(extension._forgotten) <= 1000
+        assert len(extension._registry.sessions) == 1000
+        assert len(extension._registry.idle) == 1000
+        assert len(extension._registry.forgotten) <= 1000
         assert extension.tasks("s1999") == () and len(extension.tasks("s2000")) == 1
         gc.collect()
         # what the registry still holds: 1,000 tasks and their 20 kB reports, not 3,000
@@ -194,11 +164,38 @@ async def test_3000_sessions_each_with_a_read_report_keep_the_registry_bounded()
 
 
 def test_max_sessions_is_checked_like_the_other_options() -> None:
-    with pytest.raises(ValueError, match="max_sessions must be >= 0, got -1"):
+    with pytest.raises(
+        ValueError,
+        match=r"AsyncSubAgentExtension\(max_sessions=\.\.\.\) must be at least 0, got -1",
+    ):
         AsyncSubAgentExtension([quick()], runner=InProcessRunner(), max_sessions=-1)
     for bad in (True, "3", 2.0):
-        with pytest.raises(TypeError, match="max_sessions must be an int"):
+        with pytest.raises(TypeError, match=r"\(max_sessions=\.\.\.\) must be an int"):
             AsyncSubAgentExtension([quick()], runner=InProcessRunner(), max_sessions=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error", "message"),
+    [
+        ("stall_seconds", "60", TypeError, r"\(stall_seconds=\.\.\.\) must be a number of seconds"),
+        ("stall_seconds", 0, ValueError, r"\(stall_seconds=\.\.\.\) must be .* greater than 0"),
+        ("stall_seconds", float("inf"), ValueError, r"\(stall_seconds=\.\.\.\) must be"),
+        ("session_token_budget", 1.5, TypeError, r"\(session_token_budget=\.\.\.\) must be an int"),
+        (
+            "session_token_budget",
+            0,
+            ValueError,
+            r"\(session_token_budget=\.\.\.\) must be at least 1",
+        ),
+        ("max_concurrent", 0, ValueError, r"\(max_concurrent=\.\.\.\) must be at least 1, got 0"),
+        ("store", 42, TypeError, r"\(store=\.\.\.\) must be a path or a TaskStore, got int 42"),
+    ],
+)
+def test_options_are_checked_with_one_wording(
+    option: str, value: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=r"^AsyncSubAgentExtension" + message):
+        AsyncSubAgentExtension([quick()], runner=InProcessRunner(), **{option: value})  # type: ignore[arg-type]
 
 
 # -- closing an agent releases its sessions ------------------------------------------------------
@@ -217,6 +214,7 @@ async def test_closing_a_client_releases_its_session_and_kills_its_running_child
             await client.run("go")
             pid = (await beacons.until("child"))["child"]
             [task] = extension.tasks("s")
+            await until_running(task)
             assert task.status is SubAgentTaskStatus.RUNNING
             await client.close()
         # by the time close() returned, the child's process was gone and the session forgotten
@@ -247,6 +245,7 @@ async def test_a_shared_extension_keeps_the_sessions_another_open_agent_uses(
         await first.run("shared", config=config("shared"))
         await second.run("list", config=config("shared"))  # the second agent uses it too
         pids = await beacons.until(*labels)
+        await until_running(*(task for label in labels for task in extension.tasks(label)))
 
         await first.close()
         assert not alive(pids["a"]) and extension.tasks("a") == ()

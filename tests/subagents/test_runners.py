@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _contract_children import AnnounceAndBlock
-from _subagent_models import WHOAMI, ChildModel, call
 
-from _reaping import reap_adopted
-from _scripted_models import StepModel
+from support.calls import call
+from support.children import WHOAMI, AnnounceAndBlock
+from support.reaping import reap_adopted
+from support.scripted_models import StepModel
+from support.scripted_models import ToolsThenAnswer as ChildModel
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
+from zett_agent.extensions._preload import child_modules
 from zett_agent.extensions._runner import failure_reason
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition
@@ -42,7 +44,7 @@ from zett_agent.runners import (
     InProcessRunner,
     ProcessRunner,
 )
-from zett_agent.runners._preload import RUNTIME_MODULES, child_modules
+from zett_agent.runners._preload import RUNTIME_MODULES
 from zett_agent.tools import tool
 
 HANG_GUARD = 60
@@ -78,8 +80,8 @@ def test_child_modules_are_found_in_models_tools_extensions_and_nested_definitio
     ]
     parent_model = OpenAIChatModel("gpt-4o-mini", api_key="unused")
     found = child_modules(definitions, parent_model, AsyncSubAgentExtension)
-    assert "_scripted_models" in found  # ChildModel's module (a model)
-    assert "_subagent_models" in found  # WHOAMI's handler (a tool)
+    assert "support.scripted_models" in found  # ChildModel's module (a model)
+    assert "support.children" in found  # WHOAMI's handler (a tool)
     assert __name__ in found  # shout, through the tool decorator's wrapper
     assert "zett_agent.extensions._tool_guidelines" in found  # an extension's class
     assert "zett_agent.models._openai" in found  # the parent's model, for model=None
@@ -103,7 +105,7 @@ async def test_the_launcher_preloads_them_except_those_excluded(
     ghost_module: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = ChildModel("x")
-    runner = ProcessRunner(preload_exclude=["_subagent_models"])
+    runner = ProcessRunner(preload_exclude=["support.children"])
     async with AsyncSubAgentExtension([definition(model, tools=[WHOAMI])], runner=runner) as ext:
         await _one_request(ext)
         assert runner._warming is not None
@@ -111,8 +113,8 @@ async def test_the_launcher_preloads_them_except_those_excluded(
         assert runner.pool is not None
         preload = runner.pool.preload
     assert preload[: len(RUNTIME_MODULES)] == RUNTIME_MODULES
-    assert "_scripted_models" in preload
-    assert "_subagent_models" not in preload  # excluded: its import stays in the children
+    assert "support.scripted_models" in preload
+    assert "support.children" not in preload  # excluded: its import stays in the children
 
 
 async def test_a_module_that_fails_in_the_launcher_falls_back_to_no_automatic_preload(

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 from _sandbox_tools import READ
-from _subagent_models import call
 
-from _scripted_models import StepModel, ToolsThenAnswer, tool_results
-from zett_agent.agent import AgentRunConfig
-from zett_agent.client import create_agent
+from support.calls import call
+from support.parent import parent_answer
+from support.scripted_models import StepModel, ToolsThenAnswer, tool_results
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
 from zett_agent.messages import AssistantMessage
@@ -79,15 +78,11 @@ async def test_a_sandboxed_child_cannot_read_outside_and_task_info_says_what_hel
         reader("open", secret, Sandbox(read=[secret])),  # its own, which may read the file
     ]
     model = start_and_read("confined", "open")
-    async with AsyncSubAgentExtension(definitions, sandbox=Sandbox()) as extension:
-        client = await create_agent(
-            model, config=AgentRunConfig(session_id="s"), extensions=[extension]
-        )
-        async with client, asyncio.timeout(HANG_GUARD):
-            await client.run("go")
-            # read before the client closes: closing it releases the session's entries
-            confined, allowed = extension.tasks("s")
-            infos = [extension.task_info(task) for task in (confined, allowed)]
+    extension = AsyncSubAgentExtension(definitions, sandbox=Sandbox())
+    async with extension, parent_answer(model, extension):
+        # read before the client closes: closing it releases the session's entries
+        confined, allowed = extension.tasks("parent")
+        infos = [extension.task_info(task) for task in (confined, allowed)]
     assert confined.status is SubAgentTaskStatus.COMPLETED, confined.error
     assert (confined.output or "").startswith("denied: Permission denied"), confined.output
     assert (allowed.output or "").startswith("read 17 characters"), allowed.output
@@ -110,13 +105,8 @@ async def test_the_blocking_subagent_tool_runs_its_child_in_the_sandbox(secret: 
         ]
     )
     extension = SubAgentExtension([reader("confined", secret, Sandbox())])
-    async with extension:
-        client = await create_agent(
-            model, config=AgentRunConfig(session_id="s"), extensions=[extension]
-        )
-        async with client, asyncio.timeout(HANG_GUARD):
-            answer = await client.run("go")
-    assert answer.content.startswith("denied: Permission denied"), answer.content
+    async with extension, parent_answer(model, extension) as answer:
+        assert answer.startswith("denied: Permission denied"), answer
 
 
 async def test_a_runner_without_sandboxes_fails_a_required_one_before_the_child_starts(
@@ -128,14 +118,9 @@ async def test_a_runner_without_sandboxes_fails_a_required_one_before_the_child_
     ]
     model = start_and_read("required", "optional")
     extension = AsyncSubAgentExtension(definitions, runner=InProcessRunner())
-    async with extension:
-        client = await create_agent(
-            model, config=AgentRunConfig(session_id="s"), extensions=[extension]
-        )
-        async with client, asyncio.timeout(HANG_GUARD):
-            await client.run("go")
-            required, optional = extension.tasks("s")
-            infos = [extension.task_info(task) for task in (required, optional)]
+    async with extension, parent_answer(model, extension):
+        required, optional = extension.tasks("parent")
+        infos = [extension.task_info(task) for task in (required, optional)]
     assert required.status is SubAgentTaskStatus.FAILED
     assert "cannot enforce a sandbox" in (required.error or ""), required.error
     assert infos[0]["sandbox"]["refused"]  # type: ignore[typeddict-item]

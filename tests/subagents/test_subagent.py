@@ -7,10 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-from _subagent_models import SEGFAULT, WHOAMI, ChildModel, call
 
-from _liveness import alive
-from _scripted_models import StepModel, tool_results
+from support.calls import call
+from support.children import SEGFAULT, WHOAMI
+from support.liveness import alive
+from support.scripted_models import StepModel, tool_results
+from support.scripted_models import ToolsThenAnswer as ChildModel
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.subagent import (
@@ -129,8 +131,7 @@ async def test_explore_tools_read_list_and_grep_inside_the_root_only(tmp_path: P
 
 
 async def test_cancelling_the_parent_request_kills_the_foreground_child(tmp_path: Path) -> None:
-    from _subagent_models import SPIN
-
+    from support.children import SPIN
     from zett_agent.process import ProcessPool
 
     ready = tmp_path / "spinning"

@@ -197,10 +197,12 @@ class DemoExtension(AsyncSubAgentExtension):
 
 
 def ray_runner(address: str | None, hashers: int) -> Any:
-    """The demo's ``RayRunner`` (``--ray``): a local Ray (``address=None``) gets as many CPUs
-    as there are hashers, so every child runs at once as with processes (the OS shares the
-    cores); the spinner and the crasher ask Ray for no CPU, so they start even when hashers
-    fill a cluster. Not connected yet: call ``connect()``."""
+    """The demo's ``RayRunner`` (``--ray``).
+
+    A local Ray (``address=None``) gets as many CPUs as there are hashers, so every child runs at
+    once as with processes (the OS shares the cores); the spinner and the crasher ask Ray for no
+    CPU, so they start even when hashers fill a cluster. Not connected yet: call ``connect()``.
+    """
     from zett_agent.runners.ray import RayRunner
 
     cpus = max(os.cpu_count() or 1, hashers)

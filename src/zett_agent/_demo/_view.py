@@ -68,8 +68,10 @@ _Cell = Callable[[dict[str, Any]], str]
 
 
 def _columns(width: int, node: bool = False) -> list[tuple[str, _Cell, bool]]:
-    """``(header, cell, right-aligned)`` of each column shown at ``width``, the result aside;
-    with ``node`` (children on Ray), the node each task runs on (its id's first 8 digits)."""
+    """``(header, cell, right-aligned)`` of each column shown at ``width``, the result aside.
+
+    With ``node`` (children on Ray), the node each task runs on (its id's first 8 digits).
+    """
     columns: list[tuple[str, _Cell, bool]] = [
         ("task", lambda i: str(i.get("task_id")), False),
         ("type", lambda i: str(i.get("subagent_type")), False),
@@ -179,9 +181,11 @@ class LiveTasks:
         self._extension = extension
 
     def warm_up(self) -> None:
-        """Draw a sample table once, out of sight, before the loop starts: rich fills its
-        caches (character widths, styles) on first use, which would cost the first live frame
-        several milliseconds of GIL time while the loop runs."""
+        """Draw a sample table once, out of sight, before the loop starts.
+
+        Rich fills its caches (character widths, styles) on first use, which would cost the first
+        live frame several milliseconds of GIL time while the loop runs.
+        """
         sample = {"task_id": "task-1", "subagent_type": "hasher", "status": "running", "pid": 1}
         with self.console.capture():
             self.console.print(task_table([sample], width=self.console.size.width))

@@ -1,5 +1,7 @@
-"""The children's tools: real CPU work on real files, a spin that never yields, a crash, and a
-look at a file outside the sandbox.
+"""The children's tools.
+
+Real CPU work on real files, a spin that never yields, a crash, and a look at a file outside the
+sandbox.
 
 Imported in child processes; keep it light.
 """

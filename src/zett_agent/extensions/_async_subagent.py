@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from zett_agent._messages import AgentMessage
-from zett_agent._text import valid_text
+from zett_agent import _tracing
+from zett_agent._checks import check_int, check_seconds, described
 from zett_agent.extensions._definition import SubAgentDefinition
-from zett_agent.extensions._runner import failure_reason, report_content
-from zett_agent.extensions._subagent import ChildAgentExtension, short_repr, start_schema
+from zett_agent.extensions._store import TaskStore
+from zett_agent.extensions._subagent import ChildAgentExtension
+from zett_agent.extensions._task_guard import Chores, TaskGuard, observe
+from zett_agent.extensions._task_mail import TaskMail
+from zett_agent.extensions._task_messages import MessageRecord, MessageState
+from zett_agent.extensions._task_notices import TaskNotices, completion_text, stall_text
+from zett_agent.extensions._task_registry import TaskRegistry
+from zett_agent.extensions._task_tools import (
+    TaskAccess,
+    distinct,
+    extra_tools_option,
+    task_tools,
+    wait_for,
+)
+from zett_agent.extensions._task_watch import TaskWatch
 from zett_agent.extensions._tasks import (
-    NOTICE_REPORT_CHARS,
-    SessionTasks,
     SubAgentTask,
     SubAgentTaskInfo,
     SubAgentTaskStatus,
+    describe,
 )
-from zett_agent.process import JobCancelled, PoolClosed
+from zett_agent.runners._base import CountsTokens
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
@@ -32,33 +43,8 @@ if TYPE_CHECKING:
     from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
     from zett_agent.runners import ChildRunner
 
-log = logging.getLogger(__name__)
-
-#: Longest ``wait_seconds`` a model may ask ``task_output`` for.
-MAX_WAIT_SECONDS = 600.0
-
-#: why a session's records are gone, as ``get_task`` says it
-_EVICTED = (
-    "it was idle, nothing running or unread, while more than max_sessions={} idle sessions "
-    "were kept"
-)
-_RELEASED = "the agent that ran it was closed"
-
-
-def _task_id_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "task_id": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 100,
-                "description": "the task_id task_start returned",
-            }
-        },
-        "required": ["task_id"],
-        "additionalProperties": False,
-    }
+#: Default ``stall_seconds``: a running task without a sign of work for this long stalled.
+DEFAULT_STALL_SECONDS = 120.0
 
 
 class AsyncSubAgentExtension(ChildAgentExtension):
@@ -100,6 +86,23 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     its session id and its prompt, plus this class and ``child_state()`` when ``_create_child``
     is overridden (that method runs in the child; see its docstring).
 
+    Talking to running children (opt-in; ``docs/steering.md`` has the whole story):
+
+    - ``extra_tools=("task_wait", "task_message")`` gives the model two more tools, after the
+      five: ``task_wait`` waits for any or all of several tasks, ``task_message`` sends a
+      running task a message it reads before its next model call (or, with ``interrupt``,
+      that steers its running request), confirmed by the child. From code: ``wait_any``,
+      ``wait_all`` and ``send``.
+    - Every task's info has ``idle_seconds`` (since the child's last sign of work); beyond
+      ``stall_seconds`` it says ``"needs_attention": true`` and the parent is told once, as
+      with a completion notice (``stall_notice``, ``task_stalled``).
+    - ``SubAgentDefinition(token_budget=N)`` and ``session_token_budget=N`` stop children
+      whose tokens go past their budget: the child's tree is killed and the task fails with
+      ``token budget exceeded (used U of N tokens)``.
+    - ``store=PATH`` keeps the registry in a sqlite file (``TaskStore``): after a restart the
+      earlier tasks are there again, those that were running as ``failed`` with ``"lost":
+      true``, and notices not yet delivered are delivered once.
+
     Args:
         subagents: Profiles the parent may choose; default the built-in ``reasoning`` and
             ``explore`` profiles on the parent's model.
@@ -131,9 +134,20 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             was enforced (``{"landlock_abi": 7, "seccomp": true, "user": 65534, "network":
             "none", ...}``). A required sandbox that cannot be enforced fails the task with
             ``SandboxUnavailable`` before the child runs.
+        extra_tools: Tools the model gets besides the five, by name: ``"task_wait"``,
+            ``"task_message"`` (default none). ``build_tools`` returns them after the five.
+        stall_seconds: Seconds without a sign of work after which a running task stalled
+            (default 120); ``None`` turns stall detection off.
+        session_token_budget: Input plus output tokens all the tasks of one session may use
+            (default: no limit). Once spent, its running tasks are stopped (each child's tree
+            killed, the task failed) and ``task_start`` is refused.
+        store: Keep the registry in a sqlite3 file across restarts: a path, or a
+            ``TaskStore`` (default: memory only). Opened here: ``TaskStoreError`` if another
+            live host holds it, or the file is damaged, not a task store, or newer.
 
     Raises:
         TypeError, ValueError: a bad option (the message names it).
+        TaskStoreError: the store cannot be used (the message names the file and why).
     """
 
     def __init__(
@@ -151,16 +165,25 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         max_children: int | None = None,
         max_workers: int | None = None,
         sandbox: Sandbox | None = None,
+        extra_tools: Iterable[str] = (),
+        stall_seconds: float | None = DEFAULT_STALL_SECONDS,
+        session_token_budget: int | None = None,
+        store: str | os.PathLike[str] | TaskStore | None = None,
     ) -> None:
-        for option, value, least in (
-            ("max_concurrent", max_concurrent, 1),
-            ("max_retained", max_retained, 0),
-            ("max_sessions", max_sessions, 0),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{option} must be an int, got {value!r}")
-            if value < least:
-                raise ValueError(f"{option} must be >= {least}, got {value}")
+        extras = extra_tools_option(extra_tools)
+        cls = type(self).__name__
+        if stall_seconds is not None:
+            check_seconds(f"{cls}(stall_seconds=...)", stall_seconds, above=True)
+        if session_token_budget is not None:
+            check_int(f"{cls}(session_token_budget=...)", session_token_budget, 1)
+        if store is not None and not isinstance(store, (TaskStore, str, os.PathLike)):
+            raise TypeError(
+                f"{cls}(store=...) must be a path or a TaskStore, got {described(store)}; write "
+                "store='tasks.sqlite'"
+            )
+        check_int(f"{cls}(max_concurrent=...)", max_concurrent, 1)
+        check_int(f"{cls}(max_retained=...)", max_retained, 0)
+        check_int(f"{cls}(max_sessions=...)", max_sessions, 0)
         super().__init__(
             subagents,
             runner=runner,
@@ -175,39 +198,58 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         self.max_retained = max_retained
         self.max_sessions = max_sessions
         self.notify_parent = notify_parent
+        #: the extra tools, in the order given
+        self.extra_tools: tuple[str, ...] = extras
+        self.stall_seconds: float | None = None if stall_seconds is None else float(stall_seconds)
+        self.session_token_budget = session_token_budget
+        if store is not None:
+            # restores the tasks it holds: finished ones as they were, running ones as lost
+            # (failed), notices owed as owed
+            counter = self._registry.open_store(
+                store, notify=self.notify_parent, render=self._notices.render_notice
+            )
+            self._counter = max(self._counter, counter)
 
     def _init_runtime(self) -> None:
         super()._init_runtime()
-        self._sessions: dict[str, SessionTasks] = {}
-        #: the idle sessions (forgettable), least recently used first
-        self._idle: OrderedDict[str, None] = OrderedDict()
-        #: sessions whose records were forgotten, with why (the most recent ones)
-        self._forgotten: OrderedDict[str, str] = OrderedDict()
+        #: every session's task records, and the store that keeps them (if any)
+        self._registry = TaskRegistry(self)
+        #: background work close() waits for: budget stops, hooks, message pumps
+        self._chores = Chores()
+        self._guard = TaskGuard(self, self._registry, self._chores)
+        self._mail = TaskMail(self, self._registry, self._chores)
+        self._notices = TaskNotices(self, self._registry)
+        self._watcher = TaskWatch(self, self._registry, self._guard, self._notices)
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> TaskStore | None:
+        """The ``TaskStore`` the registry is kept in (``None``: memory only)."""
+        return self._registry.store
 
     # ----------------------------------------------------------------- hooks
 
     async def on_tool(self, context: AgentRunContext) -> None:
         """Register the task tools for this request (and boot the process pool if needed)."""
-        self._use(context.session_id, context.agent)
+        self._registry.use(context.session_id, context.agent)
         self._warm_up(context.model)
         for tool in self.build_tools(context, self.subagents):
             context.register_tool(tool)
 
     async def on_state(self, context: AgentRunContext) -> None:
-        """Announce tasks that finished while no request was active."""
-        self._announce(context)
+        """Announce tasks that finished (or stalled) while no request was active."""
+        await self._notices.announce(context)
 
     async def before_model(self, context: AgentRunContext, request: ModelRequest) -> None:
-        """Announce tasks that finished since the previous model call of this request."""
-        self._announce(context)
+        """Announce tasks that finished (or stalled) since the previous model call."""
+        await self._notices.announce(context)
 
     # -------------------------------------------------------------- registry
 
     def tasks(self, session_id: str) -> tuple[SubAgentTask, ...]:
         """Return the tasks one session started, oldest first (none once it was forgotten)."""
-        session = self._use(session_id)
+        session = self._registry.use(session_id)
         return tuple(session.tasks.values()) if session else ()
 
     def get_task(self, session_id: str, task_id: str) -> SubAgentTask:
@@ -218,105 +260,15 @@ class AsyncSubAgentExtension(ChildAgentExtension):
                 says so when the task was forgotten: because of ``max_retained``, or with its
                 whole session, idle beyond ``max_sessions`` or released when its agent closed).
         """
-        session = self._use(session_id)
-        if session is not None:
-            task = session.tasks.get(task_id)
-            if task is not None:
-                return task
-            if task_id in session.evicted:
-                raise ValueError(
-                    f"task {task_id!r} finished and was evicted (only the last "
-                    f"{self.max_retained} finished tasks are kept); start it again if needed"
-                )
-        why = self._forgotten.get(session_id) if session is None else session.forgotten_before
-        if why is not None:
-            earlier = "this session's" if session is None else "this session's earlier"
-            raise ValueError(
-                f"task {task_id!r} is not known any more: {earlier} task records were "
-                f"forgotten ({why}); start it again if needed"
-            )
-        known = ", ".join(self._known_ids(session_id)) or "none"
-        raise ValueError(f"unknown task_id {task_id!r}; this session's tasks are: {known}")
-
-    def _known_ids(self, session_id: str) -> list[str]:
-        session = self._sessions.get(session_id)
-        return list(session.tasks) if session else []
-
-    def _session(self, session_id: str) -> SessionTasks:
-        session = self._sessions.get(session_id)
-        if session is None:
-            session = self._sessions[session_id] = SessionTasks(self.max_retained)
-            session.forgotten_before = self._forgotten.pop(session_id, None)
-        return session
-
-    def _use(self, session_id: str, agent: Agent | None = None) -> SessionTasks | None:
-        """The session's records, marked as just used (and used by ``agent``); ``None`` if it
-        has none. Creates nothing."""
-        session = self._sessions.get(session_id)
-        if session is not None:
-            if agent is not None:
-                session.users.add(agent)
-            if session_id in self._idle:
-                self._idle.move_to_end(session_id)
-        return session
-
-    def _refresh(self, session_id: str, session: SessionTasks) -> None:
-        """After a change of what the session runs or owes: file it as idle (most recently
-        used) or not, then forget the least recently used idle sessions beyond
-        ``max_sessions``."""
-        if self._sessions.get(session_id) is not session:
-            return  # forgotten meanwhile
-        if session.idle and not session.released:
-            self._idle[session_id] = None
-            self._idle.move_to_end(session_id)
-        else:
-            self._idle.pop(session_id, None)
-        while len(self._idle) > self.max_sessions:
-            oldest, _ = self._idle.popitem(last=False)
-            self._forget(oldest, _EVICTED.format(self.max_sessions))
-
-    def _forget(self, session_id: str, why: str) -> None:
-        session = self._sessions.pop(session_id, None)
-        self._idle.pop(session_id, None)
-        if session is None:
-            return
-        for task in session.tasks.values():
-            task.evicted = True
-        self._forgotten[session_id] = why
-        self._forgotten.move_to_end(session_id)
-        while len(self._forgotten) > max(self.max_sessions, 1000):
-            self._forgotten.popitem(last=False)
+        return self._registry.find(session_id, task_id)
 
     async def _agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
-        """Release the sessions ``agent`` ran that no other open agent uses: cancel their
-        running tasks (killing each child's tree), wait for them to settle, forget them."""
-        released = []
-        for session_id in session_ids:
-            session = self._sessions.get(session_id)
-            if session is None:
-                continue
-            session.users.discard(agent)
-            if not session.users:
-                released.append(session_id)
-        if released:
-            await asyncio.gather(*(self._release(s) for s in released))
+        """Release the sessions ``agent`` ran that no other open agent uses.
 
-    async def _release(self, session_id: str) -> None:
-        session = self._sessions.get(session_id)
-        if session is None or session.released:
-            return
-        session.released = True  # from here on no task starts in it
-        self._idle.pop(session_id, None)
-        try:
-            await session.no_starts.wait()  # a start in flight cancels its own child
-            running = session.running()
-            if running:
-                await asyncio.gather(*(self.cancel(t) for t in running))
-            watchers = [t.watcher for t in session.tasks.values() if t.watcher is not None]
-            await asyncio.gather(*watchers, return_exceptions=True)
-        finally:
-            if self._sessions.get(session_id) is session:
-                self._forget(session_id, _RELEASED)
+        Cancel their running tasks (killing each child's tree), wait for them to settle, forget
+        them.
+        """
+        await self._registry.release(agent, session_ids, self.cancel)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -335,11 +287,14 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
         Raises:
             ValueError: If the session already runs ``max_concurrent`` tasks (the message lists
-                them) or the prompt is empty.
+                them), its ``session_token_budget`` is spent, or the prompt is empty.
             TypeError: If the definition cannot be shipped to the child (the message names the
                 part that cannot be pickled). Nothing is registered.
             RuntimeError: If the extension is closed, or the agent of ``context`` is (closing
-                it released the session; see the class docstring).
+                it released the session; see the class docstring), or the store could not
+                write the task (its child was not started then).
+
+        With a ``store``, the task is written before this returns.
         """
         if self._closing:
             raise RuntimeError("AsyncSubAgentExtension is closed; no new tasks can start")
@@ -350,27 +305,10 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             )
         if not prompt.strip():
             raise ValueError("prompt is empty; give the task the full instructions to work on")
-        session = self._session(context.session_id)
-        if session.released:
-            raise RuntimeError(
-                "this session is being released (the agent that ran it was closed); no new "
-                "task can start in it until that is done"
-            )
-        session.users.add(context.agent)
-        running = session.running()
-        if len(running) + session.starting >= self.max_concurrent:
-            listing = ", ".join(
-                f"{t.task_id} ({t.subagent_type}, {t.status.value})" for t in running
-            )
-            if session.starting:
-                listing += f"{', ' if listing else ''}{session.starting} starting"
-            raise ValueError(
-                f"this session already runs {len(running) + session.starting} tasks "
-                f"(max_concurrent={self.max_concurrent}): {listing}. Wait for one with "
-                "task_output or stop one with task_cancel, then start again."
-            )
+        session = self._registry.admit(context.session_id, context.agent)
         self._counter += 1
-        task_id = f"task-{self._counter}"
+        number = self._counter
+        task_id = f"task-{number}"
         task = SubAgentTask(
             task_id=task_id,
             parent_session_id=context.session_id,
@@ -378,96 +316,50 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             subagent_type=definition.name,
             description=description,
             prompt=prompt,
+            token_budget=definition.token_budget,
         )
-        session.starting += 1  # the slot is taken from here on, across the await below
-        session.no_starts.clear()
-        self._refresh(context.session_id, session)
-        try:
-            self._warm_up(context.model)
-            spec = self._child_spec(
-                context.model, definition, session_id=task.session_id, prompt=prompt
-            )
-            job = await self._submit(spec, definition)
-            if self._closing or session.released:  # closing began while the runner started
-                await job.cancel()
-                what = (
-                    "AsyncSubAgentExtension was closed"
-                    if self._closing
-                    else "this session was released (the agent that ran it was closed)"
+        # the slot is taken from here on, across the awaits below
+        with self._registry.starting(context.session_id, session):
+            # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
+            trace = _tracing.child_trace(definition.name, task_id, task.session_id, description)
+            started = False
+            try:
+                # stored before its child starts: a task the store cannot take never runs
+                await self._registry.insert(task, number)
+                self._warm_up(context.model)
+                spec = self._child_spec(
+                    context.model, definition, session_id=task.session_id, prompt=prompt
                 )
-                raise RuntimeError(f"{what} while the task started; it did not start")
-            task.job = job
-            session.add(task)
-        finally:
-            session.starting -= 1
-            if not session.starting:
-                session.no_starts.set()
-            self._refresh(context.session_id, session)
+                if trace is not None:
+                    spec = trace.ship(spec)
+                job = await self._submit(spec, definition)
+                if self._closing or session.released:  # closing began while the runner started
+                    await job.cancel()
+                    what = (
+                        "AsyncSubAgentExtension was closed"
+                        if self._closing
+                        else "this session was released (the agent that ran it was closed)"
+                    )
+                    raise RuntimeError(f"{what} while the task started; it did not start")
+                task.job = job
+                task.last_activity = time.monotonic()
+                session.add(task)
+                started = True
+            except BaseException as exc:
+                if trace is not None:
+                    trace.abandon(exc)
+                raise
+            finally:
+                if not started:
+                    self._registry.delete(task)
+        if isinstance(job, CountsTokens) and job.tokens() is not None:
+            task.trusted_tokens = True
+            job.on_tokens(lambda: self._guard.tokens_counted(task))
         task.watcher = asyncio.get_running_loop().create_task(
-            self._watch(task), name=f"zett-agent-{task_id}"
+            self._watcher.watch(task, trace), name=f"zett-agent-{task_id}"
         )
-        await self._observe(self.task_started, task)
+        await observe(self.task_started, task)
         return task
-
-    async def _watch(self, task: SubAgentTask) -> None:
-        """Fold the child's progress into the task, then settle it from the job's outcome."""
-        job = task.job
-        assert job is not None
-        try:
-            async for event in job.events():
-                if task.status is SubAgentTaskStatus.PENDING:
-                    task.transition(SubAgentTaskStatus.RUNNING)
-                task.pid = job.pid
-                task.fold_progress(event)
-            await job.wait()
-        finally:
-            # Whatever happened above (even this watcher being cancelled), the task settles.
-            self._settle(task)
-        await self._observe(self.task_finished, task)
-
-    def _settle(self, task: SubAgentTask) -> None:
-        if task.done():
-            return
-        job = task.job
-        error: BaseException | None
-        if job is None or not job.done():
-            error = RuntimeError("the task's supervisor stopped before the child finished")
-        else:
-            error = job.exception()
-            self._record_usage(task)
-        if error is None:
-            assert job is not None
-            task.output = report_content(job.result())
-            task.transition(SubAgentTaskStatus.COMPLETED)
-        elif isinstance(error, (JobCancelled, PoolClosed)):
-            task.error = failure_reason(error)
-            task.transition(SubAgentTaskStatus.CANCELLED)
-        else:
-            task.error = failure_reason(error)
-            task.transition(SubAgentTaskStatus.FAILED)
-        session = self._sessions.get(task.parent_session_id)
-        if session is not None and session.tasks.get(task.task_id) is task:
-            session.finish(task, notify=self.notify_parent, render=self._render_notice)
-            self._refresh(task.parent_session_id, session)
-
-    def _record_usage(self, task: SubAgentTask) -> None:
-        if task.job is None:
-            return
-        try:
-            usage = task.job.usage()
-        except Exception:  # usage is a nicety; never let it break settling
-            log.debug("could not read usage of %s", task.task_id, exc_info=True)
-            return
-        task.cpu_seconds = usage.cpu_seconds
-        task.peak_memory_bytes = max(task.peak_memory_bytes, usage.peak_rss_bytes)
-
-    async def _observe(
-        self, hook: Callable[[SubAgentTask], Awaitable[None]], task: SubAgentTask
-    ) -> None:
-        try:
-            await hook(task)
-        except Exception:
-            log.exception("%s(%s) raised; ignored", getattr(hook, "__name__", hook), task.task_id)
 
     async def wait(self, task: SubAgentTask, timeout: float | None = None) -> SubAgentTask:  # noqa: ASYNC109 (the seed's signature)
         """Wait until a task finishes or ``timeout`` seconds pass, then return it.
@@ -478,6 +370,73 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(task.settled.wait(), timeout)
         return task
+
+    async def wait_any(
+        self,
+        tasks: Iterable[SubAgentTask],
+        timeout: float | None = None,  # noqa: ASYNC109 (the issue's signature, as wait's)
+    ) -> list[SubAgentTask]:
+        """Wait until one of ``tasks`` finished or ``timeout`` seconds passed.
+
+        Returns those of them that finished by then (in the order given; empty after a
+        timeout).
+
+        Cancelling the caller cancels none of the tasks.
+
+        Raises:
+            ValueError: ``tasks`` is empty (nothing could ever finish).
+        """
+        chosen = distinct(tasks)
+        if not chosen:
+            raise ValueError("wait_any() needs at least one task")
+        await wait_for(chosen, every=False, seconds=timeout)
+        return [t for t in chosen if t.done()]
+
+    async def wait_all(
+        self,
+        tasks: Iterable[SubAgentTask],
+        timeout: float | None = None,  # noqa: ASYNC109 (the issue's signature, as wait's)
+    ) -> list[SubAgentTask]:
+        """Wait until every one of ``tasks`` finished or ``timeout`` seconds passed.
+
+        Returns those that finished by then (in the order given: all of them unless it
+        timed out).
+
+        Cancelling the caller cancels none of the tasks.
+        """
+        chosen = distinct(tasks)
+        await wait_for(chosen, every=True, seconds=timeout)
+        return [t for t in chosen if t.done()]
+
+    async def send(self, task: SubAgentTask, text: str, *, interrupt: bool = False) -> str:
+        """Send a running task a message; return its ``message_id`` once it was delivered.
+
+        The child confirms delivery once the message is in a model call's request: appended
+        before its next model call, or, with ``interrupt``, steering its running request as
+        ``client.steer`` does.
+
+        Raises:
+            ValueError: The task has ended (before sending, or before the child read the
+                message: then it was never delivered), or the message is empty or breaks a
+                bound (``MAX_MESSAGE_CHARS``, ``MAX_MESSAGES`` per task).
+            TypeError: ``text`` is not a ``str``.
+            NotImplementedError: The runner cannot deliver messages to its children.
+
+        Cancellation: cancelling the caller cancels neither the task nor the message, which
+        is still delivered.
+        """
+        record = self._queue_message(task, text, interrupt)
+        await record.settled.wait()
+        if record.state is not MessageState.DELIVERED:
+            raise ValueError(
+                f"task {task.task_id} ended ({task.status.value}) before it read message "
+                f"{record.message_id}; it was never delivered"
+            )
+        return record.message_id
+
+    def _queue_message(self, task: SubAgentTask, text: str, interrupt: bool) -> MessageRecord:
+        """Accept a message for a running task and start handing it over (``TaskMail``)."""
+        return self._mail.queue(task, text, interrupt)
 
     async def cancel(self, task: SubAgentTask) -> SubAgentTask:
         """Cancel a running task and wait for it to settle; a finished task is unchanged.
@@ -496,7 +455,8 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         """Cancel every running task of every session and wait for them to settle.
 
         Then closes the runner: the process pool this extension created (a shared pool stays
-        open). Nothing the extension started outlives this call. Idempotent.
+        open), and writes out the store (closing it if it was given as a path). Nothing the
+        extension started outlives this call. Idempotent.
         """
         if self._close_task is None:
             self._closing = True
@@ -507,13 +467,17 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
     async def _close(self) -> None:
         # a start in flight sees ``_closing`` once its runner answered and cancels its child
-        await asyncio.gather(*(s.no_starts.wait() for s in list(self._sessions.values())))
-        running = [t for s in self._sessions.values() for t in s.running()]
+        await asyncio.gather(*(s.no_starts.wait() for s in list(self._registry.sessions.values())))
+        running = [t for s in self._registry.sessions.values() for t in s.running()]
         if running:
             await asyncio.gather(*(self.cancel(t) for t in running))
-        watchers = [t.watcher for s in self._sessions.values() for t in s.tasks.values()]
+        watchers = [t.watcher for s in self._registry.sessions.values() for t in s.tasks.values()]
         await asyncio.gather(*(w for w in watchers if w is not None), return_exceptions=True)
-        await self._runner.close()
+        await self._chores.settle()
+        try:
+            await self._runner.close()
+        finally:
+            await self._registry.close_store()
 
     async def __aenter__(self) -> AsyncSubAgentExtension:
         return self
@@ -529,142 +493,35 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         """Return the tools to register for one request.
 
         Override to drop a tool, add one, or replace one, calling ``super().build_tools(...)``
-        for the rest.
+        for the rest. The five come first, then the ``extra_tools`` in the order given.
         """
-        session_id = context.session_id
-        profiles = "; ".join(f"{d.name}: {d.description}" for d in subagents)
-        by_name = {d.name: d for d in subagents}
+        return task_tools(self, self._tool_access(), context, subagents)
 
-        async def task_start(subagent_type: str, description: str, prompt: str) -> str:
-            definition = by_name.get(subagent_type)
-            if definition is None:
-                known = ", ".join(repr(n) for n in by_name)
-                raise ValueError(
-                    f"unknown subagent_type {short_repr(subagent_type)}; choose one of: {known}"
-                )
-            task = await self.start(context, definition, description=description, prompt=prompt)
-            info = self.task_info(task)
-            info.setdefault(
-                "hint",
-                "running in the background; keep working, then read it with task_output",
-            )
-            return _json(info)
-
-        async def task_list() -> str:
-            tasks = self.tasks(session_id)
-            return _json({"tasks": [self.task_info(t) for t in tasks]})
-
-        async def task_status(task_id: str) -> str:
-            return _json(self.task_info(self.get_task(session_id, task_id)))
-
-        async def task_output(task_id: str, wait_seconds: float = 0) -> str:
-            if not 0 <= wait_seconds <= MAX_WAIT_SECONDS:
-                raise ValueError(
-                    f"wait_seconds must be between 0 and {MAX_WAIT_SECONDS:g}, got {wait_seconds}"
-                )
-            task = await self.wait(self.get_task(session_id, task_id), wait_seconds)
-            info = self.task_info(task, include_output=True)
-            if task.done():
-                self._mark_read(task)
-            else:
-                info.setdefault(
-                    "hint",
-                    "still running; do other work, or call task_output again with wait_seconds",
-                )
-            return _json(info)
-
-        async def task_cancel(task_id: str) -> str:
-            task = await self.cancel(self.get_task(session_id, task_id))
-            self._mark_read(task)
-            return _json(self.task_info(task, include_output=True))
-
-        output_schema = _task_id_schema()
-        output_schema["properties"]["wait_seconds"] = {
-            "type": "number",
-            "minimum": 0,
-            "maximum": MAX_WAIT_SECONDS,
-            "description": "seconds to wait for the report if the task still runs (default 0)",
-        }
-        return (
-            AgentTool(
-                "task_start",
-                "Start a background task from a subagent profile; returns its task_id at once. "
-                f"Profiles: {profiles}",
-                start_schema(),
-                task_start,
-                guidelines=(
-                    "Use `task_start` for independent work that can run while you continue; the "
-                    "child does not see this conversation, so give it a complete prompt. You "
-                    "will be told when it finishes."
-                ),
-            ),
-            AgentTool(
-                "task_list",
-                "Show every task of this session with its status and progress.",
-                {"type": "object", "properties": {}, "additionalProperties": False},
-                task_list,
-            ),
-            AgentTool(
-                "task_status",
-                "Show one task's status and progress without its report; never waits.",
-                _task_id_schema(),
-                task_status,
-            ),
-            AgentTool(
-                "task_output",
-                "Return a task's report (or its error), waiting up to wait_seconds for it.",
-                output_schema,
-                task_output,
-                guidelines=(
-                    "Use `task_output` with wait_seconds only when you have nothing else to do; "
-                    "a task that is still running comes back with status 'running'."
-                ),
-            ),
-            AgentTool(
-                "task_cancel",
-                "Stop a running task; its process is killed. Returns the task once stopped.",
-                _task_id_schema(),
-                task_cancel,
-            ),
+    def _tool_access(self) -> TaskAccess:
+        """What the task tools may do beyond the public methods (``_task_tools.TaskAccess``)."""
+        return TaskAccess(
+            known_ids=self._registry.known_ids,
+            mark_read=self._notices.mark_read,
+            queue_message=self._mail.queue,
         )
 
     def task_info(self, task: SubAgentTask, *, include_output: bool = False) -> SubAgentTaskInfo:
         """Describe one task for the model.
 
         Override to add detail. ``include_output`` is true only for the tools that return a
-        report, so listings stay short.
+        report by contract (``task_output``, and ``task_wait`` for the tasks that finished), so
+        listings stay short.
+
+        Besides the seed's keys: ``total_tokens`` (and ``token_budget`` when the definition
+        sets one), ``idle_seconds`` and, for a running task idle beyond ``stall_seconds``,
+        ``"needs_attention": true``; ``messages`` (``{"sent": n, "delivered": m}``, plus
+        ``undelivered`` ids once it ended) when it was sent any; ``"lost": true`` for a task
+        restored from a store that was running when its host stopped.
         """
-        extra: dict[str, Any] = {}
-        if task.job is not None:
-            if not task.done():
-                task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
-                self._record_usage(task)
-            # what still holds once it ended too, such as the Ray node it ran on
-            extra = dict(task.job.info())
-        info = SubAgentTaskInfo(
-            task_id=task.task_id,
-            subagent_type=task.subagent_type,
-            description=task.description,
-            status=task.status.value,
-            elapsed_seconds=round(task.elapsed, 3),
-            pid=task.pid,
-            turns=task.turns,
-            tool_calls=task.tool_calls,
-            last_tool=task.last_tool,
-            input_tokens=task.input_tokens,
-            output_tokens=task.output_tokens,
-            cpu_seconds=round(task.cpu_seconds, 3),
-            peak_memory_bytes=task.peak_memory_bytes,
-        )
-        if task.progress is not None:
-            info["progress"] = dict(task.progress)
-        if task.error is not None and task.status is not SubAgentTaskStatus.COMPLETED:
-            info["error"] = task.error
-        if include_output and task.output is not None:
-            info["content"] = task.output
-        for key, value in extra.items():  # what the runner knows: waiting for a process...
-            info.setdefault(key, value)  # type: ignore[misc]
-        return info
+        if task.job is not None and not task.done():
+            task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
+            self._guard.record_usage(task)
+        return describe(task, include_output, attention=self._guard.needs_attention(task))
 
     def completion_notice(self, task: SubAgentTask) -> str | None:
         """Return the message that tells the parent a task finished; ``None`` stays silent.
@@ -672,34 +529,28 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         The default points at ``task_output``; for a task the registry already forgot
         (``task.evicted``: more than ``max_retained`` finished before it was announced) it
         carries the report itself, cut to 2,000 characters, since it can no longer be read.
+        It names the messages the task ended without reading (``task_message``).
         """
-        detail = (
-            f": {task.error}"
-            if task.error and task.status is not SubAgentTaskStatus.COMPLETED
-            else ""
-        )
-        head = (
-            f"Background task {task.task_id} ({task.subagent_type}: {task.description}) "
-            f"{task.status.value}{detail}."
-        )
-        if not task.evicted:
-            return f"{head} Read its report with task_output."
-        forgotten = (
-            f"it was evicted (only the last {self.max_retained} finished tasks are kept) and "
-            "can no longer be read with task_output"
-        )
-        if task.status is not SubAgentTaskStatus.COMPLETED or task.output is None:
-            return f"{head} Its record was evicted: {forgotten}."
-        report = task.output
-        if len(report) > NOTICE_REPORT_CHARS:
-            cut = f", cut to {NOTICE_REPORT_CHARS} of {len(report)} characters"
-            report = report[:NOTICE_REPORT_CHARS] + " [...]"
-        else:
-            cut = ""
-        return f"{head} Its report ({forgotten}{cut}):\n{report}"
+        return completion_text(task, self.max_retained)
+
+    def stall_notice(self, task: SubAgentTask) -> str | None:
+        """Return the message that tells the parent a running task stalled.
+
+        A task stalled when it showed no sign of work for ``stall_seconds``; ``None`` stays
+        silent. Delivered as a completion notice is, once per stall, and not at all if the
+        task worked again (or ended) before.
+        """
+        return stall_text(task, self.stall_seconds, self.extra_tools)
 
     async def task_started(self, task: SubAgentTask) -> None:
         """Observe a task that just started; the default does nothing."""
+
+    async def task_stalled(self, task: SubAgentTask) -> None:
+        """Observe a running task that just stalled (no sign of work for ``stall_seconds``).
+
+        The default does nothing. Errors are logged. Like ``task_finished``, the place to
+        wake an idle parent with an ``InternalMessageEvent``.
+        """
 
     async def task_finished(self, task: SubAgentTask) -> None:
         """Observe a task that reached a terminal status; the default does nothing.
@@ -707,46 +558,3 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Its errors are logged, never raised into the task. Publish an ``InternalMessageEvent``
         here to wake an idle parent instead of waiting for its next request.
         """
-
-    # ---------------------------------------------------------------- notices
-
-    def _mark_read(self, task: SubAgentTask) -> None:
-        session = self._sessions.get(task.parent_session_id)
-        if session is not None:
-            session.mark_read(task.task_id)
-            self._refresh(task.parent_session_id, session)
-
-    def _render_notice(self, task: SubAgentTask) -> str | None:
-        """``completion_notice(task)`` as valid Unicode; ``None`` (logged) if it raised."""
-        try:
-            text = self.completion_notice(task)
-        except Exception:
-            log.exception("completion_notice(%s) raised; notice skipped", task.task_id)
-            return None
-        return None if text is None else valid_text(str(text))
-
-    def _announce(self, context: AgentRunContext) -> None:
-        session = self._sessions.get(context.session_id)
-        if session is None or not (session.due or session.dropped_notices):
-            return
-        due, dropped = session.take_due()
-        self._refresh(context.session_id, session)
-        if dropped:
-            context.add_message(
-                AgentMessage(
-                    f"{dropped} earlier background tasks finished and were forgotten (only the "
-                    f"last {self.max_retained} finished tasks are kept) before they could be "
-                    "announced; their reports are gone.",
-                    source=self.name,
-                )
-            )
-        for owed in due:
-            text = owed if isinstance(owed, str) else self._render_notice(owed)
-            if text is not None:
-                context.add_message(AgentMessage(text, source=self.name))
-
-
-def _json(value: Any) -> str:
-    """A tool's result: JSON, as valid Unicode whatever an override of ``task_info`` or a
-    runner's ``info()`` put into it."""
-    return valid_text(json.dumps(value, ensure_ascii=False))

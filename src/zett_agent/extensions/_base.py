@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -15,7 +15,15 @@ if TYPE_CHECKING:
     from zett_agent._agent import Agent
     from zett_agent._context import AgentRunConfig, AgentRunContext
 
-__all__ = ["Extension", "ModelCallNext", "ToolCallNext", "closing_stream"]
+__all__ = [
+    "Extension",
+    "ModelCallNext",
+    "ToolCallNext",
+    "agent_closed",
+    "closing_stream",
+    "request_ended",
+    "request_started",
+]
 
 ModelCallNext: TypeAlias = Callable[[ModelRequest], AsyncIterator[ModelEvent]]
 """The next layer of the model-request chain: call it with a request, iterate its events."""
@@ -30,6 +38,36 @@ _T = TypeVar("_T")
 # exists only while the count is positive, and the agents running those requests keep the
 # instance alive, so an id is never reused while it has an entry.
 _PENDING: dict[int, int] = {}
+
+
+def request_started(extensions: Iterable[Extension]) -> None:
+    """Count one more request in flight for each of ``extensions`` (what ``pending`` reports).
+
+    The agent calls it as a request (or a ``compact``) takes its session, and
+    ``request_ended`` as it lets the session go, whatever the request's outcome.
+    """
+    for ext in extensions:
+        _PENDING[id(ext)] = _PENDING.get(id(ext), 0) + 1
+
+
+def request_ended(extensions: Iterable[Extension]) -> None:
+    """Count one request less in flight for each of ``extensions``."""
+    for ext in extensions:
+        count = _PENDING.pop(id(ext), 0) - 1
+        if count > 0:
+            _PENDING[id(ext)] = count
+
+
+async def agent_closed(extension: Extension, agent: Agent, session_ids: frozenset[str]) -> None:
+    """Tell ``extension`` that ``agent`` closed after running ``session_ids``.
+
+    What ``Agent.close()`` calls on each of its extensions: the private hook
+    ``Extension._agent_closed``, which subclasses override.
+
+    Raises:
+        Exception: whatever the hook raised (the agent logs it).
+    """
+    await extension._agent_closed(agent, session_ids)
 
 
 @asynccontextmanager
@@ -85,14 +123,6 @@ class Extension:
         does not count.
         """
         return _PENDING.get(id(self), 0) > 0
-
-    def _request_started(self) -> None:
-        _PENDING[id(self)] = _PENDING.get(id(self), 0) + 1
-
-    def _request_ended(self) -> None:
-        count = _PENDING.pop(id(self), 0) - 1
-        if count > 0:
-            _PENDING[id(self)] = count
 
     async def _agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
         """Private: ``agent`` was closed; it ran requests of ``session_ids``.

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from zett_agent._checks import check_int, described, repeated_names
 from zett_agent._model import Model
 from zett_agent._tools import AgentTool, tool
 from zett_agent.extensions._base import Extension
@@ -46,12 +47,19 @@ class SubAgentDefinition:
             environment, the account. ``None`` means the extension's default sandbox (none,
             unless the extension sets one). The runner enforces it before any of the child's
             code runs; the task info's ``sandbox`` entry says what was enforced.
+        token_budget: Input plus output tokens the child may use, as its model reports them
+            (for a child whose calls the parent brokers, as the parent counts them, its own
+            children's calls included); ``None`` means no limit. When a response takes it
+            past the budget, the child's whole tree is killed and the task fails with
+            ``token budget exceeded (used U of N tokens)`` (the foreground ``subagent`` tool
+            fails the same way).
 
     Raises:
         TypeError: a field has the wrong type (for example ``limits={"timeout": 1}``).
         ValueError: a field has a bad value (a name that is not an identifier, an empty
             description, two tools with one name, ``max_turns < 1``, a sandbox with
-            ``ProcessLimits.env`` or ``cwd``, ``Sandbox(user=...)`` this host cannot give).
+            ``ProcessLimits.env`` or ``cwd``, ``Sandbox(user=...)`` this host cannot give,
+            a ``token_budget`` below 1).
     """
 
     name: str
@@ -63,6 +71,7 @@ class SubAgentDefinition:
     limits: ProcessLimits | None
     max_turns: int | None
     sandbox: Sandbox | None
+    token_budget: int | None
 
     def __init__(
         self,
@@ -75,6 +84,7 @@ class SubAgentDefinition:
         limits: ProcessLimits | None = None,
         max_turns: int | None = None,
         sandbox: Sandbox | None = None,
+        token_budget: int | None = None,
     ) -> None:
         for field_name, value in (
             ("name", name),
@@ -83,45 +93,50 @@ class SubAgentDefinition:
         ):
             if not isinstance(value, str):
                 raise TypeError(
-                    f"SubAgentDefinition.{field_name} must be a str, got {_kind(value)}"
+                    f"SubAgentDefinition({field_name}=...) must be a str, got {described(value)}"
                 )
         if not name or not name.replace("-", "_").isidentifier():
             raise ValueError(
-                f"SubAgentDefinition.name must be a short identifier like 'explore', got {name!r}"
+                f"SubAgentDefinition(name=...) must be a short identifier like 'explore', got "
+                f"{name!r:.60}"
             )
         where = f"SubAgentDefinition {name!r}"
+
+        def argument(field_name: str) -> str:
+            return f"SubAgentDefinition({name!r}, {field_name}=...)"
+
         if not description.strip():
             raise ValueError(
                 f"{where} needs a description: one line telling the model when to use it"
             )
         if model is not None and not callable(getattr(model, "stream", None)):
             raise TypeError(
-                f"{where}: model must be a Model (an object with an async stream(request) method, "
-                f"such as OpenAIChatModel('gpt-4o-mini') or zett_agent.testing.ScriptedModel), "
-                f"or None for the parent's model; got {_kind(model)}"
+                f"{argument('model')} must be a Model (an object with an async stream(request) "
+                "method, such as OpenAIChatModel('gpt-4o-mini') or "
+                "zett_agent.testing.ScriptedModel) or None for the parent's model, got "
+                f"{described(model)}"
             )
         if limits is not None and not isinstance(limits, ProcessLimits):
             raise TypeError(
-                f"{where}: limits must be a zett_agent.process.ProcessLimits or None, got "
-                f"{_kind(limits)}; write limits=ProcessLimits(timeout=..., memory_bytes=...)"
+                f"{argument('limits')} must be a zett_agent.process.ProcessLimits or None, got "
+                f"{described(limits)}; write limits=ProcessLimits(timeout=..., memory_bytes=...)"
             )
-        if max_turns is not None and (
-            not isinstance(max_turns, int) or isinstance(max_turns, bool)
-        ):
-            raise TypeError(f"{where}: max_turns must be an int or None, got {_kind(max_turns)}")
-        if max_turns is not None and max_turns < 1:
-            raise ValueError(f"{where}: max_turns must be >= 1, got {max_turns}")
-        sandbox = check_sandbox(sandbox, f"{where}: sandbox")
+        if max_turns is not None:
+            check_int(argument("max_turns"), max_turns, 1)
+        if token_budget is not None:
+            check_int(argument("token_budget"), token_budget, 1)
+        sandbox = check_sandbox(sandbox, argument("sandbox"))
         check_combination(limits, sandbox, where)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "description", description)
         object.__setattr__(self, "system_prompt", system_prompt)
         object.__setattr__(self, "model", model)
-        object.__setattr__(self, "tools", _tools(where, tools))
-        object.__setattr__(self, "extensions", _extensions(where, extensions))
+        object.__setattr__(self, "tools", _tools(name, tools))
+        object.__setattr__(self, "extensions", _extensions(name, extensions))
         object.__setattr__(self, "limits", limits)
         object.__setattr__(self, "max_turns", max_turns)
         object.__setattr__(self, "sandbox", sandbox)
+        object.__setattr__(self, "token_budget", token_budget)
 
 
 def check_combination(limits: ProcessLimits | None, sandbox: Sandbox | None, where: str) -> None:
@@ -140,18 +155,20 @@ def _kind(value: object) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _sequence(where: str, field_name: str, value: object, example: str) -> list[Any]:
+def _sequence(name: str, field_name: str, value: object, example: str) -> list[Any]:
+    where = f"SubAgentDefinition({name!r}, "
     if isinstance(value, (str, bytes, AgentTool, Extension)) or not isinstance(value, Iterable):
         raise TypeError(
-            f"{where}: {field_name} must be a list, got {_kind(value)}; write "
+            f"{where}{field_name}=...) must be a list, got {described(value)}; write "
             f"{field_name}=[{example}]"
         )
     return list(value)
 
 
-def _tools(where: str, tools: Iterable[AgentTool | Callable[..., Any]]) -> tuple[AgentTool, ...]:
+def _tools(name: str, tools: Iterable[AgentTool | Callable[..., Any]]) -> tuple[AgentTool, ...]:
+    where = f"SubAgentDefinition {name!r}"
     result: list[AgentTool] = []
-    for index, item in enumerate(_sequence(where, "tools", tools, "my_tool, ...")):
+    for index, item in enumerate(_sequence(name, "tools", tools, "my_tool, ...")):
         if isinstance(item, AgentTool):
             result.append(item)
         elif callable(item) and not isinstance(item, type):
@@ -168,15 +185,15 @@ def _tools(where: str, tools: Iterable[AgentTool | Callable[..., Any]]) -> tuple
                 f"{where}: tools[{index}] must be an AgentTool (or a plain function to wrap as "
                 f"one), got {_kind(item)}"
             )
-    names = [t.name for t in result]
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    repeated = repeated_names(t.name for t in result)
     if repeated:
         raise ValueError(f"{where}: two tools share a name: {', '.join(repeated)}")
     return tuple(result)
 
 
-def _extensions(where: str, extensions: Iterable[Extension]) -> tuple[Extension, ...]:
-    result = _sequence(where, "extensions", extensions, "MyExtension(), ...")
+def _extensions(name: str, extensions: Iterable[Extension]) -> tuple[Extension, ...]:
+    where = f"SubAgentDefinition {name!r}"
+    result = _sequence(name, "extensions", extensions, "MyExtension(), ...")
     for index, item in enumerate(result):
         if not isinstance(item, Extension):
             hint = (
@@ -232,3 +249,8 @@ def explore_profile(root: str | None = None, model: Model | None = None) -> SubA
 def default_subagents() -> tuple[SubAgentDefinition, ...]:
     """The profiles used when an extension is given none: ``reasoning`` and ``explore``."""
     return (reasoning_profile(), explore_profile())
+
+
+# Wherever a definition exists, so does the build of a spec made from it by hand (a spec with
+# no ``build``): the runners know no extension, this names it for them.
+from zett_agent.extensions import _child_build  # noqa: E402, F401

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from zett_agent import _tracing
+from zett_agent._checks import described, repeated_names
 from zett_agent.extensions._base import Extension
+from zett_agent.extensions._child_build import build_child
 from zett_agent.extensions._definition import (
     SubAgentDefinition,
     check_combination,
     default_subagents,
 )
+from zett_agent.extensions._preload import child_modules
 from zett_agent.extensions._runner import failure_reason, report_content
 from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
 from zett_agent.process._sandbox import check_sandbox
 from zett_agent.runners._base import ChildJob, ChildRunner
 from zett_agent.runners._child import ChildSpec, ProgressModel
-from zett_agent.runners._preload import child_modules
 from zett_agent.runners._process import ProcessRunner
 from zett_agent.tools import AgentTool
 
@@ -27,7 +30,8 @@ if TYPE_CHECKING:
 
 # Attributes that live only where the extension runs; never pickled (see __getstate__).
 _RUNTIME_ONLY = (
-    "_sessions", "_idle", "_forgotten", "_counter", "_closing", "_close_task", "_modules",
+    "_counter", "_closing", "_close_task", "_modules", "_registry", "_chores",
+    "_guard", "_mail", "_notices", "_watcher",
 )  # fmt: skip
 
 
@@ -57,27 +61,35 @@ class ChildAgentExtension(Extension):
         sandbox: Sandbox | None = None,
     ) -> None:
         super().__init__()
+        where = f"{type(self).__name__}(subagents=...)"
         if isinstance(subagents, SubAgentDefinition):
-            raise TypeError("subagents must be a list of SubAgentDefinition; write [definition]")
+            raise TypeError(
+                f"{where} must be a list of SubAgentDefinition, got one SubAgentDefinition; "
+                "write [definition]"
+            )
         definitions = tuple(default_subagents() if subagents is None else subagents)
         if not definitions:
-            raise ValueError("give at least one SubAgentDefinition (or None for the built-ins)")
+            raise ValueError(
+                f"{where} must hold at least one SubAgentDefinition (or be None for the "
+                "built-ins), got an empty list"
+            )
         for index, definition in enumerate(definitions):
             if not isinstance(definition, SubAgentDefinition):
                 raise TypeError(
-                    f"subagents[{index}] must be a SubAgentDefinition, got "
-                    f"{type(definition).__name__}"
+                    f"{where} must be a list of SubAgentDefinition, got {described(definition)} "
+                    f"at index {index}"
                 )
-        names = [d.name for d in definitions]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = repeated_names(d.name for d in definitions)
         if duplicates:
-            raise ValueError(f"subagent names must be unique; repeated: {', '.join(duplicates)}")
+            raise ValueError(
+                f"{where} must have unique names, got {', '.join(duplicates)} more than once"
+            )
         if limits is not None and not isinstance(limits, ProcessLimits):
             raise TypeError(
-                f"limits must be a zett_agent.process.ProcessLimits or None, got "
-                f"{type(limits).__name__}; write limits=ProcessLimits(timeout=...)"
+                f"{type(self).__name__}(limits=...) must be a zett_agent.process.ProcessLimits "
+                f"or None, got {described(limits)}; write limits=ProcessLimits(timeout=...)"
             )
-        sandbox = check_sandbox(sandbox, "sandbox")
+        sandbox = check_sandbox(sandbox, f"{type(self).__name__}(sandbox=...)")
         for definition in definitions:
             check_combination(
                 definition.limits or limits,
@@ -183,13 +195,6 @@ class ChildAgentExtension(Extension):
         """
         return {}
 
-    @classmethod
-    def _child_instance(cls, state: Mapping[str, Any]) -> ChildAgentExtension:
-        """The ``self`` of ``_create_child`` in the child: no ``__init__``, only ``state``."""
-        instance = cls.__new__(cls)
-        instance.__dict__.update(state)
-        return instance
-
     def _factory(self) -> type[ChildAgentExtension] | None:
         cls = type(self)
         return cls if cls._create_child is not ChildAgentExtension._create_child else None
@@ -214,7 +219,7 @@ class ChildAgentExtension(Extension):
                 raise TypeError(
                     f"child_state() must map attribute names to values; bad keys: {bad!r}"
                 )
-        return ChildSpec(definition, model, session_id, prompt, factory, state)
+        return ChildSpec(definition, model, session_id, prompt, factory, state, build=build_child)
 
     def _warm_up(self, parent_model: Model) -> None:
         """Tell the runner what the coming children import (computed once per model type)."""
@@ -235,8 +240,11 @@ class ChildAgentExtension(Extension):
         return definition.sandbox or self.sandbox
 
     async def _submit(self, spec: ChildSpec, definition: SubAgentDefinition) -> ChildJob:
-        """Hand one child to the runner with its limits and, when it has one, its sandbox
-        (a runner written before sandboxes takes the rest unchanged)."""
+        """Hand one child to the runner.
+
+        Hand one child to the runner with its limits and, when it has one, its sandbox
+        (a runner written before sandboxes takes the rest unchanged).
+        """
         sandbox = self._sandbox(definition)
         limits = self._limits(definition)
         if sandbox is None:
@@ -307,12 +315,25 @@ class SubAgentExtension(ChildAgentExtension):
         session_id = f"{context.session_id}/subagent-{self._counter}"
         self._warm_up(context.model)
         spec = self._child_spec(context.model, definition, session_id=session_id, prompt=prompt)
-        job = await self._submit(spec, definition)
+        # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
+        trace = _tracing.child_trace(definition.name, session_id.rsplit("/", 1)[-1], session_id)
+        if trace is not None:
+            spec = trace.ship(spec)
+        try:
+            job = await self._submit(spec, definition)
+        except BaseException as exc:
+            if trace is not None:
+                trace.abandon(exc)
+            raise
+        follower = trace.follow(job) if trace is not None else None
         try:
             await job.wait()
         except asyncio.CancelledError:
             await asyncio.shield(job.cancel())
             raise
+        finally:
+            if trace is not None:
+                await trace.finish(job, follower)
         error = job.exception()
         if error is not None:
             raise RuntimeError(f"subagent {description!r} failed: {failure_reason(error)}")
@@ -354,6 +375,19 @@ _START_SCHEMA: dict[str, Any] = {
 }
 
 
+def create_child(spec: ChildSpec, model: Model) -> Agent:
+    """Build the agent of ``spec`` with its extension class's ``_create_child`` (in the child).
+
+    ``self`` there is a fresh instance of the class made without ``__init__``, holding only the
+    spec's ``state`` (what ``child_state()`` returned in the parent).
+    """
+    factory: type[ChildAgentExtension] = spec.factory or ChildAgentExtension
+    instance = factory.__new__(factory)
+    instance.__dict__.update(spec.state)
+    definition = cast("SubAgentDefinition", spec.definition)
+    return instance._create_child(definition, model=model, session_id=spec.session_id)
+
+
 def short_repr(value: object, limit: int = 100) -> str:
     """``repr(value)`` cut to about ``limit`` characters.
 
@@ -369,3 +403,12 @@ def start_schema() -> dict[str, Any]:
     import copy
 
     return copy.deepcopy(_START_SCHEMA)
+
+
+def warm_up(extension: ChildAgentExtension, parent_model: Model | None) -> None:
+    """Tell ``extension``'s runner now what its coming children will import.
+
+    ``parent_model`` is the model of the agent the extension serves, or ``None`` where there
+    is none (the MCP server): then only what the definitions' own models import counts.
+    """
+    extension._warm_up(parent_model)  # type: ignore[arg-type]  # None: no parent model

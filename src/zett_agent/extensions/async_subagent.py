@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
+from zett_agent.extensions._store import TaskStore, TaskStoreError
 from zett_agent.extensions._tasks import SubAgentTask, SubAgentTaskInfo, SubAgentTaskStatus
 
-__all__ = ["AsyncSubAgentExtension", "SubAgentTask", "SubAgentTaskInfo", "SubAgentTaskStatus"]
+__all__ = [
+    "AsyncSubAgentExtension",
+    "SubAgentTask",
+    "SubAgentTaskInfo",
+    "SubAgentTaskStatus",
+    "TaskStore",
+    "TaskStoreError",
+]

@@ -49,13 +49,13 @@ line break, an unsupported proxy URL). Nothing else escapes a call of this modul
 from __future__ import annotations
 
 import asyncio
-import binascii
 import contextlib
 import os
 import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, urlsplit
 
+from zett_agent.models._http_proxy import proxy_authorization, proxy_for
 from zett_agent.models._http_readers import (
     MAX_HEAD_BYTES,
     MAX_INTERIM,
@@ -133,86 +133,6 @@ def default_ssl_context() -> ssl.SSLContext:
     return _context
 
 
-def proxy_for(url: SplitResult, env: Mapping[str, str]) -> SplitResult | None:
-    """The proxy a request to ``url`` goes through according to ``env``, or ``None``.
-
-    ``{scheme}_proxy``, else ``all_proxy`` (lower case first; an upper-case ``HTTP_PROXY`` is
-    ignored when ``REQUEST_METHOD`` is set, as in a CGI script, as urllib does), unless
-    ``no_proxy`` names the host: ``*`` (every host), a host name (itself and its subdomains; a
-    leading ``.`` or ``*.`` is ignored), an IP address or network (``10.0.0.0/8``), each
-    optionally with ``:port`` or a ``scheme://`` prefix. A value without a scheme is an
-    ``http://`` proxy.
-
-    Raises ``RequestError`` for a proxy URL that is not ``http://host[:port]``.
-    """
-    scheme = url.scheme
-    proxy = _env(env, f"{scheme}_proxy") or _env(env, "all_proxy")
-    if not proxy or _bypassed(url, _env(env, "no_proxy") or ""):
-        return None
-    if "://" not in proxy:
-        proxy = f"http://{proxy}"
-    parsed = urlsplit(proxy)
-    try:
-        valid = parsed.scheme == "http" and bool(parsed.hostname) and parsed.port != 0
-    except ValueError:  # a port that is not a number
-        valid = False
-    if not valid:
-        where = "$ALL_PROXY" if not _env(env, f"{scheme}_proxy") else f"${scheme.upper()}_PROXY"
-        shown = parsed._replace(netloc=parsed.netloc.rpartition("@")[2]).geturl()
-        raise RequestError(
-            f"the proxy {shown!r} from {where} is not supported: only http://host:port proxies "
-            f"are (set {where} to one, or list {url.hostname} in $NO_PROXY to connect directly)"
-        )
-    return parsed
-
-
-def _env(env: Mapping[str, str], name: str) -> str | None:
-    if name in env:
-        return env[name]  # lower case wins, even empty
-    if name == "http_proxy" and "REQUEST_METHOD" in env:
-        return None  # httpoxy: a CGI request's "Proxy:" header becomes HTTP_PROXY
-    return env.get(name.upper())
-
-
-def _bypassed(url: SplitResult, no_proxy: str) -> bool:
-    host = (url.hostname or "").lower()
-    port = url.port or (443 if url.scheme == "https" else 80)
-    for raw in no_proxy.split(","):
-        entry = raw.strip().lower()
-        if entry == "*":
-            return True
-        if "://" in entry:
-            scheme, _, entry = entry.partition("://")
-            if scheme != url.scheme:
-                continue
-        entry = entry.rstrip("/")
-        name, want = entry, None
-        if entry.startswith("["):  # [v6] or [v6]:port
-            name, _, rest = entry[1:].partition("]")
-            want = rest[1:] or None
-        elif entry.count(":") == 1:  # host:port (a bare IPv6 address has more colons)
-            name, _, want = entry.partition(":")
-        if not name or (want is not None and want != str(port)):
-            continue
-        if "/" in name:
-            if _in_network(host, name):
-                return True
-            continue
-        name = name.removeprefix("*").removeprefix(".")
-        if host == name or host.endswith(f".{name}"):
-            return True
-    return False
-
-
-def _in_network(host: str, network: str) -> bool:
-    import ipaddress  # only for a NO_PROXY that names networks
-
-    try:
-        return ipaddress.ip_address(host) in ipaddress.ip_network(network, strict=False)
-    except ValueError:
-        return False
-
-
 async def post(
     url: str,
     content: bytes,
@@ -254,7 +174,7 @@ async def post(
     lines = [f"POST {path} HTTP/1.1", f"Host: {authority}"]
     if proxy is not None and not https:  # absolute form, to the proxy itself
         lines[0] = f"POST http://{authority}{path} HTTP/1.1"
-        lines += _proxy_authorization(proxy)
+        lines += proxy_authorization(proxy)
     for field, value in headers.items():
         if "\r" in value or "\n" in value:
             raise RequestError(f"the {field} header contains a line break; remove it")
@@ -309,13 +229,6 @@ async def post(
         raise
 
 
-def _proxy_authorization(proxy: SplitResult) -> list[str]:
-    if proxy.username is None:
-        return []
-    secret = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
-    return [f"Proxy-Authorization: Basic {binascii.b2a_base64(secret, newline=False).decode()}"]
-
-
 async def _tunnel(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -323,9 +236,11 @@ async def _tunnel(
     authority: str,
     io_timeout: float,
 ) -> None:
-    """``CONNECT`` through ``proxy`` to ``authority`` (``host:port``); ``TransportError`` if
-    refused."""
-    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", *_proxy_authorization(proxy)]
+    """``CONNECT`` through ``proxy`` to ``authority`` (``host:port``).
+
+    ``TransportError`` if refused.
+    """
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", *proxy_authorization(proxy)]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
     await writer.drain()
     buffer = bytearray()
@@ -342,9 +257,11 @@ async def _tunnel(
 
 
 async def _read_head(reader: asyncio.StreamReader, buffer: bytearray, io_timeout: float) -> Head:
-    """The head of the next final response (interim ones skipped), read into ``buffer``; what
-    came after it stays there. The whole head, interim responses included, has ``io_timeout``
-    seconds: a server trickling it byte by byte gets no longer."""
+    """The head of the next final response (interim ones skipped), read into ``buffer``.
+
+    What came after it stays there. The whole head, interim responses included, has ``io_timeout``
+    seconds: a server trickling it byte by byte gets no longer.
+    """
     parse = HeadReader()
     try:
         async with asyncio.timeout(io_timeout):
@@ -387,7 +304,8 @@ def _failure(exc: BaseException, phase: str) -> HTTPError:
 def _split(buffer: bytearray, cut: int, line_limit: int) -> list[str]:
     """The lines of ``buffer[:cut]``, which ends with a line end (or is the last line).
 
-    Raises ``DecodingError`` for one longer than ``line_limit`` bytes."""
+    Raises ``DecodingError`` for one longer than ``line_limit`` bytes.
+    """
     region = buffer[:cut]
     if cut > line_limit and max(map(len, region.splitlines())) > line_limit:
         raise DecodingError(f"a line of the response exceeds {line_limit} bytes")
@@ -402,9 +320,11 @@ def _split(buffer: bytearray, cut: int, line_limit: int) -> list[str]:
 
 
 class Response:
-    """One response: its ``status``, ``reason`` and ``headers`` (lower-case names, values
-    decoded as Latin-1), and a body to read once with ``aiter_lines()`` or ``aread()``.
-    ``aclose()`` closes the connection."""
+    """One response.
+
+    Its ``status``, ``reason`` and ``headers`` (lower-case names, values decoded as Latin-1), and a
+    body to read once with ``aiter_lines()`` or ``aread()``. ``aclose()`` closes the connection.
+    """
 
     def __init__(
         self,
@@ -438,9 +358,12 @@ class Response:
         return f"<Response {self.status} {self.reason}{' closed' if self._writer is None else ''}>"
 
     async def aread(self, limit: int) -> bytes:
-        """The whole (rest of the) body. Raises ``DecodingError`` once more than ``limit`` bytes
-        of it were received (chunk framing counts), and the errors ``post`` lists for reading.
-        Cancellation: propagates; the caller closes."""
+        """The whole (rest of the) body.
+
+        Raises ``DecodingError`` once more than ``limit`` bytes of it were received (chunk framing
+        counts), and the errors ``post`` lists for reading. Cancellation: propagates; the caller
+        closes.
+        """
         body = bytearray()
         try:
             while piece := await self._next_piece(limit):
@@ -450,7 +373,9 @@ class Response:
         return bytes(body)
 
     async def aiter_lines(self, line_limit: int, limit: int) -> AsyncGenerator[list[str], None]:
-        """The body's lines as they arrive, in lists of at most ``_BATCH`` (the lines one read
+        r"""Yield the body's lines as they arrive.
+
+        The body's lines as they arrive, in lists of at most ``_BATCH`` (the lines one read
         completed), without their ends (``\\n``, ``\\r\\n`` or ``\\r``), decoded as UTF-8
         (undecodable bytes replaced).
 
@@ -513,8 +438,10 @@ class Response:
         return b"".join(pieces)
 
     async def _receive(self, limit: int) -> None:
-        """One read from the socket into the buffer; at the end of the connection, what the
-        framing makes of it (``read_eof``)."""
+        """One read from the socket into the buffer.
+
+        At the end of the connection, what the framing makes of it (``read_eof``).
+        """
         try:
             async with asyncio.timeout(self._timeout):
                 piece = await self._reader.read(_PIECE)
@@ -539,8 +466,10 @@ class Response:
             await self._yield()
 
     async def _yield(self) -> None:
-        """Let the event loop run what is ready: a flood that arrived at once is read in
-        bounded slices."""
+        """Let the event loop run what is ready.
+
+        A flood that arrived at once is read in bounded slices.
+        """
         self._work = 0
         await asyncio.sleep(0)
 

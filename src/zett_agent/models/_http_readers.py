@@ -70,8 +70,7 @@ class HTTPError(Exception):
 
 
 class HTTPTimeout(HTTPError):
-    """One step (connecting, sending, the response head, or one read of the body) took too
-    long."""
+    """One step (connecting, sending, the response head, or one read of the body) took too long."""
 
 
 class ConnectTimeout(HTTPTimeout):
@@ -83,8 +82,11 @@ class WriteTimeout(HTTPTimeout):
 
 
 class ReadTimeout(HTTPTimeout):
-    """The response head was not complete within ``io_timeout`` seconds of the request being
-    sent, or nothing of the body arrived for ``io_timeout`` seconds."""
+    """The server was too slow.
+
+    The response head was not complete within ``io_timeout`` seconds of the request being
+    sent, or nothing of the body arrived for ``io_timeout`` seconds.
+    """
 
 
 class TransportError(HTTPError):
@@ -113,8 +115,11 @@ _HEX = b"0123456789abcdefABCDEF"
 
 @dataclass(frozen=True, slots=True)
 class Head:
-    """The head of a final response: ``fields`` maps lower-case names to their values, the
-    values of a repeated field joined with ``b", "``."""
+    """The head of a final response.
+
+    ``fields`` maps lower-case names to their values, the values of a repeated field joined with
+    ``b", "``.
+    """
 
     status: int
     reason: bytes
@@ -122,8 +127,10 @@ class Head:
 
 
 class _Lines:
-    """Takes lines (ended by ``\\n`` or ``\\r\\n``) from the front of a buffer; ``budget`` bytes
-    in all (line ends included), and each search starts where the last one stopped."""
+    r"""Takes lines (ended by ``\\n`` or ``\\r\\n``) from the front of a buffer.
+
+    ``budget`` bytes in all (line ends included), and each search starts where the last one stopped.
+    """
 
     __slots__ = ("_budget", "_searched", "used")
 
@@ -261,8 +268,7 @@ class BodyReader(Protocol):
     def __call__(self, buf: bytearray) -> bytes | None: ...
 
     def read_eof(self) -> None:
-        """The connection ended: return if that ends the body, else raise
-        ``TransportError``."""
+        """The connection ended: return if that ends the body, else raise ``TransportError``."""
 
 
 def _take(buf: bytearray, most: int) -> bytes:
@@ -303,10 +309,12 @@ _SIZE, _DATA, _CRLF, _TRAILERS, _END = range(5)
 
 
 class ChunkedReader:
-    """A body in chunked transfer coding (RFC 9112 7.1); extensions and trailers are read and
-    ignored. Raises ``DecodingError`` for a chunk-size line that is malformed or longer than
-    ``MAX_CHUNK_LINE``, a chunk longer than its size says, more than ``max_chunks`` chunks, or
-    trailers over ``MAX_HEAD_BYTES``."""
+    """A body in chunked transfer coding (RFC 9112 7.1).
+
+    Extensions and trailers are read and ignored. Raises ``DecodingError`` for a chunk-size line
+    that is malformed or longer than ``MAX_CHUNK_LINE``, a chunk longer than its size says, more
+    than ``max_chunks`` chunks, or trailers over ``MAX_HEAD_BYTES``.
+    """
 
     def __init__(self, max_chunks: int = MAX_CHUNKS) -> None:
         self._max_chunks = self._chunks = max_chunks  # allowed, still allowed
@@ -409,8 +417,11 @@ class UntilEOFReader:
 
 
 class NoBodyReader:
-    """No body (204, 304, or a body this client cannot read: ``defect`` says why, raised as a
-    ``DecodingError`` when the body is read)."""
+    """The reader of a response without a body.
+
+    No body (204, 304, or a body this client cannot read: ``defect`` says why, raised as a
+    ``DecodingError`` when the body is read).
+    """
 
     def __init__(self, defect: str | None = None) -> None:
         self._defect = defect
@@ -425,9 +436,11 @@ class NoBodyReader:
 
 
 def body_reader(head: Head) -> BodyReader:
-    """The reader of the body ``head`` announces. Raises ``DecodingError`` for a body this
-    client cannot read: compressed (it asks for identity), a transfer coding other than
-    chunked, a ``Content-Length`` that is not one number."""
+    """The reader of the body ``head`` announces.
+
+    Raises ``DecodingError`` for a body this client cannot read: compressed (it asks for identity),
+    a transfer coding other than chunked, a ``Content-Length`` that is not one number.
+    """
     fields = head.fields
     codings = fields.get(b"content-encoding", b"identity").lower()
     if codings.replace(b"identity", b"").strip(b" \t,"):

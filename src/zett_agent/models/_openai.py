@@ -21,7 +21,7 @@ import os
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -93,7 +93,8 @@ class OpenAIChatModel:
             status line and headers (all of them, interim responses included), and between two
             received pieces of its body (not for the whole body: a long answer may stream for
             minutes).
-        temperature, max_tokens: sent when not ``None``.
+        temperature: sent when not ``None``.
+        max_tokens: sent when not ``None``.
         extra_body: extra JSON fields merged into every request body last (provider-specific
             options such as ``{"top_p": 0.9}`` or ``{"max_completion_tokens": 512}``).
 
@@ -363,6 +364,23 @@ class OpenAIChatModel:
         return ModelError(message, retryable=False, status=status)
 
 
+def _event_texts(
+    chunks: list[Any] | None, accumulator: ResponseAccumulator
+) -> Iterator[str | None]:
+    """The text each chunk of one SSE event adds to ``accumulator``, in order.
+
+    Empty texts are skipped; ``None`` comes last when the event ends the stream (``[DONE]``,
+    which ``decode_event`` answers as ``None``, or a ``None`` chunk).
+    """
+    for chunk in chunks or [None]:
+        if chunk is None:
+            yield None
+            return
+        text = accumulator.add_chunk(chunk)
+        if text:
+            yield text
+
+
 async def _stream_text(
     response: _http.Response, accumulator: ResponseAccumulator
 ) -> AsyncIterator[str]:
@@ -370,7 +388,8 @@ async def _stream_text(
 
     Raises ``ModelError`` past ``_MAX_LINES`` lines: each line costs a little, whatever its
     length, so a flood of blank lines or keep-alive comments does not cost as much CPU as
-    ``_MAX_RESPONSE_BYTES`` of them would."""
+    ``_MAX_RESPONSE_BYTES`` of them would.
+    """
     decoder = SSEDecoder(max_chars=_MAX_JSON_BYTES)
     batches = response.aiter_lines(_MAX_LINE_BYTES, _MAX_RESPONSE_BYTES)
     seen = 0
@@ -386,22 +405,18 @@ async def _stream_text(
                 data = decoder.feed(line)
                 if data is None:
                     continue
-                for chunk in decode_event(data) or [None]:
-                    if chunk is None:
+                for text in _event_texts(decode_event(data), accumulator):
+                    if text is None:
                         return
-                    text = accumulator.add_chunk(chunk)
-                    if text:
-                        yield text
+                    yield text
     finally:
         await batches.aclose()  # now, not later through the loop's async-generator finaliser
     data = decoder.flush()
     if data is not None:
-        for chunk in decode_event(data) or [None]:
-            if chunk is None:
+        for text in _event_texts(decode_event(data), accumulator):
+            if text is None:
                 return
-            text = accumulator.add_chunk(chunk)
-            if text:
-                yield text
+            yield text
     if accumulator.finish_reason is None:
         # Neither [DONE] nor a finish_reason: the connection closed mid-answer.
         raise TransientModelError(

@@ -1,4 +1,4 @@
-"""The wire format of OpenAI-compatible Chat Completions: request bodies, SSE, streamed deltas.
+r"""The wire format of OpenAI-compatible Chat Completions: request bodies, SSE, streamed deltas.
 
 Pure functions and small state machines with no I/O, so the HTTP layer in ``openai.py`` stays thin
 and every piece of the protocol can be tested without a server.
@@ -69,7 +69,9 @@ def _replace_escape(match: re.Match[str]) -> str:
 
 
 def parse_json(text: str) -> Any:
-    """The value of the JSON document ``text``, every lone surrogate escape in it read as
+    """Parse a JSON document, lone surrogates read as U+FFFD.
+
+    The value of the JSON document ``text``, every lone surrogate escape in it read as
     U+FFFD (a valid pair stays the character it encodes).
 
     Raises ``ValueError`` (the message says why) for text that is not JSON, nests too deeply,
@@ -94,8 +96,11 @@ def parse_json(text: str) -> Any:
 
 
 def _separators(text: str) -> int:
-    """The commas and colons of ``text``: a JSON document has about one per value and key (the
-    first value of each container aside, and any in its strings)."""
+    """The commas and colons of ``text``.
+
+    A JSON document has about one per value and key (the first value of each container aside, and
+    any in its strings).
+    """
     return text.count(",") + text.count(":")
 
 
@@ -113,10 +118,13 @@ def _structure(text: str) -> int:
 
 
 def encode_body(body: Any) -> bytes:
-    """``body`` as UTF-8 JSON; a lone surrogate anywhere in it is sent as U+FFFD and a pair of
-    surrogates as the character it encodes (Python strings may hold both, UTF-8 neither).
+    """``body`` as UTF-8 JSON.
 
-    Raises ``TypeError`` or ``ValueError`` for a value JSON cannot hold."""
+    A lone surrogate anywhere in it is sent as U+FFFD and a pair of surrogates as the character it
+    encodes (Python strings may hold both, UTF-8 neither).
+
+    Raises ``TypeError`` or ``ValueError`` for a value JSON cannot hold.
+    """
     text = json.dumps(body, ensure_ascii=False)
     try:
         return text.encode()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from ._linux import libc, prctl
+
 __all__ = [
     "CAP_SETGID",
     "CAP_SETPCAP",
@@ -67,13 +69,9 @@ class _Data(ctypes.Structure):
     )
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
 # bound here, in the launcher: a name looked up on a CDLL costs a dlsym in every worker
-_capget = _libc.capget
-_capset = _libc.capset
+_capget = libc.capget
+_capset = libc.capset
 
 
 def _error(what: str) -> OSError:
@@ -106,31 +104,36 @@ def bounding() -> int:
     """The bounding set as a mask (capabilities the kernel does not know read as absent)."""
     mask = 0
     for cap in range(_MAX_CAP + 1):
-        if _prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
+        if prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
             mask |= 1 << cap
     return mask
 
 
 def drop_bounding() -> None:
-    """Empty the bounding set (needs ``CAP_SETPCAP``; raises ``OSError`` without it). Each
-    drop that returns 0 took effect: nothing is left to check afterwards."""
+    """Empty the bounding set (needs ``CAP_SETPCAP``; raises ``OSError`` without it).
+
+    Each drop that returns 0 took effect: nothing is left to check afterwards.
+    """
     for cap in range(_MAX_CAP + 1):
-        if _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             raise _error(f"prctl(PR_CAPBSET_DROP, {cap})")
 
 
 def clear_ambient() -> None:
     """Empty the ambient set (always allowed; a no-op on kernels without ambient sets)."""
-    if _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+    if prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         if errno != 22:  # EINVAL: a kernel older than 4.3 has no ambient set
             raise _error("prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
 
 
 def lock_securebits() -> None:
-    """Lock the securebits so uid 0 gains nothing on ``execve`` and a ``setuid`` changes no
-    capability (needs ``CAP_SETPCAP``)."""
-    if _prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0) != 0:
+    """Lock the securebits.
+
+    Lock the securebits so uid 0 gains nothing on ``execve`` and a ``setuid`` changes no
+    capability (needs ``CAP_SETPCAP``).
+    """
+    if prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0) != 0:
         raise _error("prctl(PR_SET_SECUREBITS)")
 
 

@@ -28,6 +28,8 @@ import os
 import time
 from collections.abc import Callable
 
+from ._scan import start_time
+
 __all__ = [
     "DIR_NAME",
     "JOB_MAX_DEPTH",
@@ -201,15 +203,9 @@ def _own_cgroup() -> str | None:
 
 
 def _start_time(pid: int) -> str | None:
-    """Field 22 of ``/proc/PID/stat`` (start time in clock ticks): with the pid, an identity
-    that survives pid reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    return fields[19].decode() if len(fields) > 19 else None
+    """``start_time(pid)`` as it stands in a pool's cgroup name (``None`` if it is gone)."""
+    ticks = start_time(pid)
+    return None if ticks is None else str(ticks)
 
 
 def _base() -> tuple[str | None, str]:
@@ -329,8 +325,11 @@ class PoolCgroup:
 
 
 def _enable(cgroup: str, wanted: frozenset[str] | None = None) -> frozenset[str]:
-    """Enable for ``cgroup``'s children what it has of the wanted controllers (its
-    ``cgroup.controllers`` says what its parent passes down); return what they will have."""
+    """Enable controllers for a cgroup's children.
+
+    Enable for ``cgroup``'s children what it has of the wanted controllers (its
+    ``cgroup.controllers`` says what its parent passes down); return what they will have.
+    """
     child = cgroup
     try:
         available = set(read(f"{child}/cgroup.controllers").split())
@@ -381,8 +380,10 @@ def stale(path: str, now: float | None = None) -> bool:
 
 
 def remove_stale(base: str) -> list[str]:
-    """Kill what is left in the pool cgroups in ``base`` whose host is gone (``stale``); return
-    them, to be removed once their killed processes exited (off the event loop)."""
+    """Kill what is left in the pool cgroups in ``base`` whose host is gone (``stale``).
+
+    Return them, to be removed once their killed processes exited (off the event loop).
+    """
     found: list[str] = []
     try:
         names = os.listdir(base)

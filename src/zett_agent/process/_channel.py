@@ -83,8 +83,11 @@ class Channel:
     # -- writing ----------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` (a job frame); what the socket does not take now is written when it
-        can, in order after what was queued before."""
+        """Write ``data`` (a job frame).
+
+        What the socket does not take now is written when it can, in order after what was queued
+        before.
+        """
         self._enqueue(data, False)
 
     def send_message(self, frame: bytes) -> None:
@@ -148,8 +151,10 @@ class Channel:
             self.on_drain()
 
     def drop_messages(self) -> None:
-        """Forget the queued message frames not yet begun (their job ended); a frame partly
-        written already is finished, so the stream stays in frames."""
+        """Forget the queued message frames not yet begun (their job ended).
+
+        A frame partly written already is finished, so the stream stays in frames.
+        """
         outbox = self._outbox
         if not self.message_bytes or not outbox:
             return
@@ -205,21 +210,22 @@ class Channel:
     def _pump(self) -> None:
         self._scheduled = None
         deadline = time.perf_counter() + _SLICE
+        decoder, assembler = self.decoder, self.assembler
         while not (self.paused or self.closed):
             try:
-                frame = self.decoder.next_frame()
+                frame = decoder.next_frame()
                 if frame is None:
                     if self.eof:
                         if not self.drained:
                             self.drained = True
                             self._on_eof()
-                    else:
+                    elif not self._reading:
                         self.start()
                     return
-                message = self.assembler.feed(frame)
-                if self.assembler.dropped is not None:
-                    self._bury(self.assembler.dropped)
-                    self.assembler.dropped = None
+                message = assembler.feed(frame)
+                if assembler.dropped is not None:
+                    self._bury(assembler.dropped)
+                    assembler.dropped = None
             except FrameError as exc:
                 self._fail(str(exc))
                 return

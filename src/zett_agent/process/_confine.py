@@ -5,14 +5,16 @@ job is unpickled (unpickling can run code of the job). In this order:
 
 1. the scratch directory is made (mode 0700, owned by the job's account) and becomes the
    working directory;
-2. every descriptor but stdin, stdout, stderr and the worker's socket is closed;
+2. every descriptor but stdin, stdout, stderr and the worker's socket is closed (and a ruleset
+   an idle spare prepared, see ``_ruleset``);
 3. the environment is replaced by the policy's minimal one, and the host's environment is wiped
    from memory (the block the process was started with, and Python's copies of it);
 4. ``no_new_privs``;
 5. Landlock: the file system (read and execute the policy's read paths, write the scratch
    directory and the write paths, nothing else), TCP bind and connect (``network="none"``,
-   ABI 4), signal and abstract UNIX socket scoping (ABI 6);
-6. the seccomp filter (``_seccomp``);
+   ABI 4), signal and abstract UNIX socket scoping (ABI 6), in the ruleset a spare prepared
+   for the policy's kind when there is one (``_ruleset``);
+6. the seccomp filter (``_seccomp``, decoded ahead by the spare too);
 7. the account: as root, no supplementary groups, then the job's gid and uid (every capability
    goes with the uid), or, for uid 0, every capability dropped with the securebits locked; the
    result is checked (no capability left, the ids as asked); then ``PR_SET_DUMPABLE`` 0 (no
@@ -29,7 +31,6 @@ Imported by the worker, so it imports nothing heavy.
 
 from __future__ import annotations
 
-import binascii
 import ctypes
 import json
 import os
@@ -38,7 +39,8 @@ import threading
 import time
 from typing import Any
 
-from . import _caps, _landlock, _seccomp
+from . import _caps, _landlock, _ruleset, _seccomp
+from ._linux import libc, prctl
 
 __all__ = ["confine", "warm_up"]
 
@@ -49,19 +51,18 @@ _BYTES_DATA = bytes.__basicsize__ - 1
 _REQUIRED_ABI = _landlock.ABI_SCOPE
 _KERNEL_OF_ABI = {1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15"}
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
 _memset = ctypes.memset
 # bound here, in the launcher: a name looked up on a CDLL costs a dlsym in every worker
-_clearenv = _libc.clearenv
+_clearenv = libc.clearenv
 
 
 def _environment_block() -> tuple[int, int]:
-    """Where the environment this process was started with lies in its memory (fields 50 and
+    """Find the environment block in this process's memory.
+
+    Where the environment this process was started with lies in its memory (fields 50 and
     51 of ``/proc/PID/stat``): read once, in the launcher; its workers have it at the same
-    addresses."""
+    addresses.
+    """
     try:
         with open(f"/proc/{os.getpid()}/stat", "rb") as handle:
             stat = handle.read()
@@ -73,6 +74,35 @@ def _environment_block() -> tuple[int, int]:
 
 
 _ENV_BLOCK = _environment_block()
+
+
+def _sample_policy() -> bytes:
+    """A policy document the size and shape of a real one (see ``_policy.policy``)."""
+    paths = [f"/usr/{'s' * n}" for n in range(4, 52, 2)]  # of every common length
+    scratch = "/tmp/zett-agent-sandbox-warmup0/job-1"
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch}
+    shared = {
+        "defaults": paths[:16],
+        "default_files": paths[16:],
+        "devices": ["/dev/null"],
+        "account": {"mode": "user", "uid": 65534, "gid": 65534},
+        "account_why": "w" * 320,
+        "landlock_abi": 7,
+        "seccomp": "A" * 1320,
+        "seccomp_reason": None,
+    }
+    job = {
+        "read": paths[:2],
+        "write": paths[:2],
+        "scratch": scratch,
+        "network": "none",
+        "env": {**env, "TMPDIR": scratch},
+        "required": True,
+    }
+    return json.dumps({"shared": shared, "job": job}, separators=(",", ":")).encode()
+
+
+_SAMPLE_POLICY = _sample_policy()
 
 
 class _Refused(Exception):
@@ -119,29 +149,46 @@ def warm_up() -> None:
     pages all over (the environment's values, libc's environment, the ctypes and Landlock
     calls), which made up half of its cost when done cold.
     """
-    for value in getattr(os.environ, "_data", {}).values():
-        if len(value) > 1:
-            cell = ctypes.c_char.from_address(id(value) + _BYTES_DATA)
-            cell.value = cell.value  # the same byte: the page is copied now, not later
+    for name, value in getattr(os.environ, "_data", {}).items():
+        # the names too: dropping them writes their reference counts
+        for data in (name, value):
+            _touch(id(data) + _BYTES_DATA, len(data))
     os.putenv(b"ZETT_AGENT_WARM_UP", b"1")  # libc's environment array, and its allocator
     os.unsetenv(b"ZETT_AGENT_WARM_UP")
-    json.loads('{"shared":{"defaults":["/usr/lib"]},"job":{"env":{"A":"b"},"required":true}}')
+    # a policy of a real one's size and shape: decoding it leaves the allocator's pages for
+    # the real one copied (it was a tenth of confining when done cold)
+    parts = json.loads(_SAMPLE_POLICY)
+    sample = {**parts["shared"], **parts["job"]}
     start, end = _ENV_BLOCK
-    for address in range(start, end, 4096) if start else ():
-        cell = ctypes.c_char.from_address(address)
-        cell.value = cell.value
+    if start:
+        _touch(start, end - start)
+    # running a function writes its code object (the interpreter counts its first calls, then
+    # specializes it) and the reference counts of what it names: those pages are copied now
+    for address, size in _CONFINING_OBJECTS:
+        _touch(address, size)
     try:
         version, _why = _landlock.abi()
         if version:
-            ruleset = _landlock.Ruleset(version, fs=True, tcp=True, scoped=True)
-            try:
-                ruleset.allow("/", _landlock.read_rights(version))
-            finally:
-                ruleset.close()  # never entered: nothing is restricted
+            # the ruleset a job gets, on paths that exist, never entered: nothing is restricted
+            sample["defaults"] = sample["read"] = sample["write"] = ["/"] * 8
+            sample["default_files"] = ["/etc/hosts"]
+            sample["devices"], sample["scratch"] = ["/"], "/"
+            _ruleset.job_ruleset(sample, version, [])[0].close()
         _caps.held()
+        _caps.bounding()  # the same calls as dropping it, reading it instead
         _seccomp.prepare(b"\0" * 8)
     except OSError:
         pass
+
+
+def _touch(address: int, size: int) -> None:
+    """Write each page of ``size`` bytes at ``address`` with the byte it holds (copy it now)."""
+    for page in range(address, address + size, 4096):
+        cell = ctypes.c_char.from_address(page)
+        cell.value = cell.value
+    if size > 1:
+        last = ctypes.c_char.from_address(address + size - 1)
+        last.value = last.value
 
 
 def _scratch(path: str, account: dict[str, Any]) -> None:
@@ -159,35 +206,6 @@ def _scratch(path: str, account: dict[str, Any]) -> None:
         raise _Refused(f"could not prepare the scratch directory {path}: {exc}") from None
     finally:
         os.close(fd)
-
-
-def _landlock_rules(policy: dict[str, Any], version: int, absent: list[str]) -> _landlock.Ruleset:
-    """The job's ruleset; the paths of ``read=`` and ``write=`` that do not exist go to
-    ``absent`` (the defaults are the host's, which exist)."""
-    ruleset = _landlock.Ruleset(version, fs=True, tcp=policy["network"] == "none", scoped=True)
-    try:
-        read = _landlock.read_rights(version)
-        for path in policy["defaults"]:
-            ruleset.allow(path, read)
-        for path in policy["read"]:
-            if not ruleset.allow(path, read):
-                absent.append(path)
-        device = (
-            _landlock.ACCESS_FS_READ_FILE
-            | _landlock.ACCESS_FS_WRITE_FILE
-            | _landlock.ACCESS_FS_TRUNCATE
-        )
-        for path in policy["devices"]:
-            ruleset.allow(path, device)
-        write = _landlock.write_rights(version)
-        ruleset.allow(policy["scratch"], write)
-        for path in policy["write"]:
-            if not ruleset.allow(path, write):
-                absent.append(path)
-    except BaseException:
-        ruleset.close()
-        raise
-    return ruleset
 
 
 def _account(account: dict[str, Any]) -> None:
@@ -221,8 +239,21 @@ def _account(account: dict[str, Any]) -> None:
         os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups()
     ):
         raise _Refused(f"the account change to uid {uid} gid {gid} did not take effect")
-    if _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    if prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise _Refused("prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _close_all_but(keep_fd: int) -> None:
+    """Close every descriptor but stdio, ``keep_fd`` and a prepared ruleset's."""
+    keep = [keep_fd]
+    prepared = _ruleset.prepared_fd()
+    if prepared >= 0:
+        keep.append(prepared)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
 
 
 def _describe_account(mode: str) -> str:
@@ -261,8 +292,7 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
         if threading.active_count() > 1:
             raise _Refused("another thread runs in the worker; a sandbox confines one thread")
         _scratch(policy["scratch"], account)
-        os.closerange(3, keep_fd)
-        os.closerange(keep_fd + 1, 1 << 20)
+        _close_all_but(keep_fd)
         _wipe_environment(policy["env"])
         try:
             _landlock.set_no_new_privs()
@@ -287,7 +317,7 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
         else:
             absent: list[str] = []
             try:
-                ruleset = _landlock_rules(policy, version, absent)
+                ruleset, report["prepared"] = _ruleset.job_ruleset(policy, version, absent)
                 try:
                     ruleset.restrict_self()
                 finally:
@@ -318,7 +348,7 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
             missing["seccomp"] = str(policy.get("seccomp_reason") or "no seccomp here")
         else:
             try:
-                _seccomp.load(binascii.a2b_base64(program))
+                _ruleset.load_seccomp(program, policy)
             except OSError as exc:
                 missing["seccomp"] = f"the kernel refused the seccomp filter: {exc}"
             else:
@@ -336,5 +366,86 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
         _account(account)
     except _Refused as refusal:
         report["refused"] = str(refusal)
+    _ruleset.discard()
     report["seconds"] = round(time.perf_counter() - began, 6)
     return report
+
+
+#: the functions ``confine`` runs (``warm_up`` copies their code objects' pages)
+_CONFINING: tuple[Any, ...] = (
+    confine,
+    _scratch,
+    _wipe_environment,
+    _ruleset.job_ruleset,
+    _ruleset.shared_rules,
+    _ruleset.new_ruleset,
+    _ruleset.prepared_fd,
+    _ruleset.discard,
+    _ruleset._prepared_for,
+    _ruleset._take_prepared,
+    _ruleset.load_seccomp,
+    _close_all_but,
+    _account,
+    _describe_account,
+    _landlock.abi,
+    _landlock.set_no_new_privs,
+    _landlock.read_rights,
+    _landlock.write_rights,
+    _landlock.fs_rights,
+    _landlock.Ruleset.__init__,
+    _landlock.Ruleset.allow,
+    _landlock.Ruleset.restrict_self,
+    _landlock.Ruleset.close,
+    _seccomp.load,
+    _seccomp.install,
+    _seccomp.prepare,
+    _caps.held,
+    _caps.has,
+    _caps.drop_bounding,
+    _caps.clear_ambient,
+    _caps.lock_securebits,
+    _caps.drop_all,
+)
+
+
+def _named_objects(functions: tuple[Any, ...]) -> tuple[tuple[int, int], ...]:
+    """Where the objects running ``functions`` writes to lie: ``(address, size)`` each.
+
+    Each function, its code (all of it), its constants, the names it uses and the objects
+    they name (globals, and the attributes of the modules it names). Made once, in the
+    launcher: these objects live as long as their modules.
+    """
+    found: dict[int, int] = {}
+
+    def add(obj: object, size: int = 1) -> None:
+        found[id(obj)] = max(size, found.get(id(obj), 1))
+
+    def visit(code: Any, names: dict[str, Any]) -> None:
+        # the object with its bytecode inline, never past it (sys.getsizeof adds what a
+        # debugger attached elsewhere)
+        kind = type(code)
+        add(code, kind.__basicsize__ + kind.__itemsize__ * (len(code.co_code) // 2))
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                visit(const, names)
+            else:
+                add(const)
+        modules = []
+        for name in code.co_names:
+            add(name)
+            if name in names:
+                add(names[name])
+                if isinstance(names[name], type(os)):
+                    modules.append(names[name])
+        for module in modules:
+            for name in code.co_names:
+                if name in module.__dict__:
+                    add(module.__dict__[name])
+
+    for function in functions:
+        add(function)
+        visit(function.__code__, function.__globals__)
+    return tuple(found.items())
+
+
+_CONFINING_OBJECTS = _named_objects(_CONFINING)

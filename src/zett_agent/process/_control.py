@@ -108,8 +108,11 @@ class LauncherHandle:
         return min(self._waiting.values()) if self._waiting else None
 
     def send(self, message: dict[str, Any]) -> bool:
-        """Queue ``message``; return True if it could not be written at once (caller must
-        call ``flush`` when the socket is writable)."""
+        """Queue ``message``.
+
+        Return True if it could not be written at once (caller must call ``flush`` when the socket
+        is writable).
+        """
         data = json.dumps(message).encode()
         if self._outbox:
             self._outbox.append(data)
@@ -167,8 +170,10 @@ class LauncherHandle:
         return found is None or found[1] in "TtZXx"
 
     def cpu_ticks(self) -> int:
-        """CPU time the launcher used so far, in clock ticks (-1 if it is gone): a launcher
-        that uses CPU is working, even when it is slow to answer."""
+        """CPU time the launcher used so far, in clock ticks (-1 if it is gone).
+
+        A launcher that uses CPU is working, even when it is slow to answer.
+        """
         try:
             with open(f"/proc/{self.pid}/stat", "rb") as handle:
                 data = handle.read()

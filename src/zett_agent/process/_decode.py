@@ -26,10 +26,11 @@ __all__ = ["Assembler", "Message", "json_cost"]
 
 _KINDS = ("event", "result", "error", "sandbox")
 _EMPTY = object()
+_INF = math.inf
 
 
 def json_cost(frame: bytes | bytearray) -> int:
-    """Upper bound of the bytes the values decoded from a JSON frame take.
+    r"""Upper bound of the bytes the values decoded from a JSON frame take.
 
     A string takes as many bytes per character as its widest character needs: one character
     outside the Basic Multilingual Plane (four UTF-8 bytes, or a ``\\ud83d\\ude00`` escape pair)
@@ -56,6 +57,10 @@ class Message:
 
 def _usage(message: dict[str, Any]) -> tuple[float, int]:
     usage = message.get("u")
+    if type(usage) is dict:
+        cpu, peak = usage.get("cpu"), usage.get("maxrss")
+        if type(cpu) is float and type(peak) is int and -_INF < cpu < _INF:
+            return cpu, peak  # what a worker sends, by exact types (no union to build)
     if not isinstance(usage, dict):
         raise FrameError(f"a {message['k']} without usage numbers")
     cpu, peak = usage.get("cpu"), usage.get("maxrss")
@@ -167,8 +172,10 @@ class Assembler:
         return self._text is not None
 
     def reset(self) -> Any:
-        """Forget the message being assembled; return what was built of it (``None`` if
-        nothing), for the caller to free (``Graveyard``)."""
+        """Forget the message being assembled.
+
+        Return what was built of it (``None`` if nothing), for the caller to free (``Graveyard``).
+        """
         partial = self._stack[0] if self._stack else self._root
         self.held = 0
         self._kind = None
@@ -180,8 +187,10 @@ class Assembler:
         return None if partial is _EMPTY else partial
 
     def feed(self, frame: bytes | bytearray) -> Message | None:
-        """Take one frame; return the message it completes, if any. ``FrameError`` if it breaks
-        the protocol."""
+        """Take one frame; return the message it completes, if any.
+
+        ``FrameError`` if it breaks the protocol.
+        """
         if self._text is not None:
             text = self._text
             text.add(frame)
@@ -206,6 +215,8 @@ class Assembler:
     def _whole(
         self, kind: str, message: dict[str, Any], frame: bytes | bytearray
     ) -> Message | None:
+        if kind == "result" and "v" in message:  # the most common message, first
+            return Message("result", message["v"], _usage(message), cost=json_cost(frame))
         if kind == "begin":
             mode = message.get("m")
             if mode not in ("event", "result"):

@@ -1,4 +1,4 @@
-"""The worker's side of the wire: turn an event or a result into frames (see ``_protocol``).
+r"""The worker's side of the wire: turn an event or a result into frames (see ``_protocol``).
 
 Values must be JSON data: ``dict`` with ``str`` keys, ``list``, ``tuple`` (arrives as a list),
 ``str``, ``int``, ``float``, ``bool``, ``None``. Anything that JSON would silently change is
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ._protocol import CHUNK, MAX_DEPTH, SURROGATE, TEXT_SLICE, lone_surrogate, surrogate_in
@@ -37,6 +38,44 @@ _SMALL_CONTAINER = 64
 _ASCII_PIECE = 1 << 16
 
 _SCALARS = (str, int, float, type(None))
+
+#: what a message of each kind starts with, for the scalar fast path (``Encoder.message``)
+_PREFIX = {"event": '{"k":"event","v":', "result": '{"k":"result","v":'}
+#: ints and ASCII texts the scalar fast path takes (beyond them the general path decides)
+_FAST_INT = 1 << 63
+_FAST_TEXT = 1024
+_INF = float("inf")
+
+
+def _scalar_json(value: Any, text_min: int) -> str | None:
+    """What ``_dumps(value)`` gives, for a plain scalar that needs no check at all.
+
+    That is ``None``, a ``bool``, an ``int`` or ``float`` that is finite and not huge, an ASCII
+    ``str`` shorter than ``text_min`` and ``_FAST_TEXT``. ``None`` for anything else (the
+    general path takes it). Exact types only: a subclass may encode differently.
+    """
+    if value is None:
+        return "null"
+    cls = type(value)
+    if cls is str:
+        if len(value) < text_min and len(value) <= _FAST_TEXT and value.isascii():
+            return encode_basestring_ascii(value)
+        return None
+    if cls is bool:
+        return "true" if value else "false"
+    if cls is int:
+        return int.__repr__(value) if -_FAST_INT < value < _FAST_INT else None
+    if cls is float and -_INF < value < _INF:  # NaN fails both
+        return float.__repr__(value)
+    return None
+
+
+def _usage_json(usage: dict[str, Any]) -> str:
+    """``_dumps(usage)``, without the general encoder for the worker's own numbers."""
+    cpu, peak = usage.get("cpu"), usage.get("maxrss")
+    if len(usage) == 2 and type(cpu) is float and -_INF < cpu < _INF and type(peak) is int:
+        return '{"cpu":' + float.__repr__(cpu) + ',"maxrss":' + int.__repr__(peak) + "}"
+    return _dumps(usage)
 
 
 def _path(keys: list[Any]) -> str:
@@ -130,16 +169,22 @@ def _surrogate_in(text: Any) -> re.Match[str] | None:
 
 
 def without_surrogates(text: str) -> str:
-    """``text`` with each lone surrogate written as its escape (``"\\ud800"``), for texts
-    that must reach the parent whatever they hold (an exception's message)."""
+    r"""Escape lone surrogates.
+
+    ``text`` with each lone surrogate written as its escape (``"\\ud800"``), for texts
+    that must reach the parent whatever they hold (an exception's message).
+    """
     if surrogate_in(text) is None:
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _find(root: Any, problem: Callable[[Any, int], str | None]) -> TypeError:
-    """The error for the first node of ``root`` where ``problem`` says what is wrong (a
-    second, slower walk that keeps paths: only taken when there is an error to report)."""
+    """Find where a value is wrong, with its path.
+
+    The error for the first node of ``root`` where ``problem`` says what is wrong (a
+    second, slower walk that keeps paths: only taken when there is an error to report).
+    """
     stack: list[tuple[Any, list[Any]]] = [(root, [])]
     seen: set[int] = set()
     while stack:
@@ -200,6 +245,19 @@ class Encoder:
         in one frame; a streamed value is checked first (a bad text as its frames are made),
         then sent, and the parent told to drop what it got of it when it fails.
         """
+        prefix = _PREFIX.get(kind)
+        if prefix is not None:
+            scalar = _scalar_json(value, self._text_min)
+            if scalar is not None:
+                # the common answer (None, a number, a short text) in a few string operations;
+                # it needs no check: JSON data by its type, ASCII holds no surrogate
+                if usage is None:
+                    payload = (prefix + scalar + "}").encode()
+                else:
+                    payload = (prefix + scalar + ',"u":' + _usage_json(usage) + "}").encode()
+                if len(payload) <= self._chunk:
+                    self._send(payload)
+                    return
         message: dict[str, Any] = {"k": kind, "v": value}
         if usage is not None:
             message["u"] = usage
@@ -261,9 +319,12 @@ class Encoder:
         self._send(payload)
 
     def _check_text(self, payload: bytes, data: Any) -> None:
-        """Refuse ``payload``, the JSON of ``data``, if ``data`` holds a lone surrogate (JSON
+        r"""Refuse a payload that holds a lone surrogate.
+
+        Refuse ``payload``, the JSON of ``data``, if ``data`` holds a lone surrogate (JSON
         escapes it as ``\\ud800``; the parent refuses it): the parent's own check, then,
-        only to report one, the walk that finds its path in the whole value."""
+        only to report one, the walk that finds its path in the whole value.
+        """
         if lone_surrogate(payload, data) is not None:
             raise _find(self._root, _bad_text)
 
@@ -328,8 +389,11 @@ class Encoder:
         self._frame({"k": "close"})
 
     def _slice(self, part: Any, is_dict: bool) -> str | None:
-        """``part`` (list items, or dict entries) encoded as a list or dict, if it fits one
-        frame and holds no string that must travel as text; else None."""
+        """Encode a slice of a container as one frame, if it can be.
+
+        ``part`` (list items, or dict entries) encoded as a list or dict, if it fits one
+        frame and holds no string that must travel as text; else None.
+        """
         if len(part) == 1:
             single = part[0][1] if is_dict else part[0]
             if isinstance(single, str) and len(single) >= self._text_min:

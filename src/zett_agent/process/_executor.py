@@ -1,5 +1,6 @@
-"""The engine behind the interface ``concurrent.futures`` users know: ``pool.executor()`` and
-``ProcessPoolExecutor``.
+"""The engine behind the interface ``concurrent.futures`` users know.
+
+``pool.executor()`` and ``ProcessPoolExecutor``.
 
 Two differences from the standard library's ``ProcessPoolExecutor``, both on purpose:
 
@@ -41,9 +42,10 @@ _CANCEL_WAIT = 30.0
 class _JobFuture(cf.Future[Any]):
     """A ``concurrent.futures.Future`` of one pool job; ``cancel()`` kills a running one."""
 
-    def __init__(self, executor: PoolExecutor) -> None:
+    def __init__(self, kill: Callable[[_JobFuture], None]) -> None:
         super().__init__()
-        self._executor = executor
+        #: the executor's kill of a cancelled future's job
+        self._kill = kill
         #: the job, once it was submitted on the loop's thread
         self.job: ProcessJob | None = None
 
@@ -67,8 +69,24 @@ class _JobFuture(cf.Future[Any]):
                 # stdlib's executors do so when a cancelled future's turn comes; it never does)
                 self.set_running_or_notify_cancel()
         if first:
-            self._executor._kill(self)
+            self._kill(self)
         return True
+
+
+class _Pending:
+    """The futures of one executor that are not done, under the lock that guards them.
+
+    Shared by the executor (submit, shutdown) and the exit hook, which cancels them.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.futures: set[_JobFuture] = set()
+
+    def snapshot(self) -> list[_JobFuture]:
+        """The pending futures now."""
+        with self.lock:
+            return list(self.futures)
 
 
 class PoolExecutor(cf.Executor):
@@ -83,13 +101,13 @@ class PoolExecutor(cf.Executor):
     def __init__(self, pool: ProcessPool, loop: asyncio.AbstractEventLoop) -> None:
         self._pool = pool
         self._loop = loop
-        self._lock = threading.Lock()
-        self._futures: set[_JobFuture] = set()
+        self._pending = _Pending()
         self._shutdown = False
 
     def __repr__(self) -> str:
         state = "shut down" if self._shutdown else "open"
-        return f"<{type(self).__name__} {state} pending={len(self._futures)} pool={self._pool!r}>"
+        pending = len(self._pending.futures)
+        return f"<{type(self).__name__} {state} pending={pending} pool={self._pool!r}>"
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -101,11 +119,12 @@ class PoolExecutor(cf.Executor):
         that cannot be pickled raises ``TypeError`` here; from another thread that error is
         set on the future.
         """
-        future = _JobFuture(self)
-        with self._lock:
+        future = _JobFuture(self._kill)
+        pending = self._pending
+        with pending.lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._futures.add(future)
+            pending.futures.add(future)
         future.add_done_callback(self._forget)
         if self._on_loop_thread():
             try:
@@ -115,7 +134,7 @@ class PoolExecutor(cf.Executor):
                 raise
         else:
             try:
-                self._loop.call_soon_threadsafe(self._start_quietly, future, fn, args, kwargs)
+                self._loop.call_soon_threadsafe(self._start, future, fn, args, kwargs, True)
             except RuntimeError as exc:  # the loop is closed: the pool is gone
                 self._forget(future)
                 raise RuntimeError("cannot schedule new futures: the pool is closed") from exc
@@ -127,30 +146,29 @@ class PoolExecutor(cf.Executor):
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        quiet: bool = False,
     ) -> None:
-        """On the loop's thread: submit the job and tie its outcome to the future."""
+        """On the loop's thread: submit the job and tie its outcome to the future.
+
+        An error submitting it is raised; with ``quiet`` (called from another thread's
+        ``submit``, where nobody would see it) it is set on the future instead.
+        """
         if future.cancelled():
             return
-        job = self._pool.submit(fn, *args, **kwargs)
-        future.job = job
-        job.add_done_callback(lambda job: _settle(future, job))
-
-    def _start_quietly(
-        self,
-        future: _JobFuture,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
         try:
-            self._start(future, fn, args, kwargs)
+            job = self._pool.submit(fn, *args, **kwargs)
+            future.job = job
+            job.add_done_callback(lambda job: _settle(future, job))
         except BaseException as exc:
+            if not quiet:
+                raise
             if not future.done():
                 future.set_exception(exc)
 
     def _forget(self, future: cf.Future[Any]) -> None:  # a _JobFuture
-        with self._lock:
-            self._futures.discard(future)
+        pending = self._pending
+        with pending.lock:
+            pending.futures.discard(future)
 
     # -- cancelling --------------------------------------------------------------------------
 
@@ -171,16 +189,18 @@ class PoolExecutor(cf.Executor):
     # -- shutting down -----------------------------------------------------------------------
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Accept no new jobs; with ``cancel_futures``, cancel those not running yet; with
-        ``wait``, return once every future is done. The pool stays open.
+        """Accept no new jobs.
+
+        With ``cancel_futures``, cancel those not running yet; with ``wait``, return once every
+        future is done. The pool stays open.
 
         Raises ``RuntimeError`` when asked to wait on the pool's own event loop thread while
         futures are pending (that thread runs the jobs: it would wait for ever); shut down
         from another thread, or with ``wait=False``.
         """
-        with self._lock:
+        with self._pending.lock:
             self._shutdown = True
-            pending = list(self._futures)
+            pending = list(self._pending.futures)
         if cancel_futures:
             for future in pending:
                 if not future.running():
@@ -227,7 +247,9 @@ def _settle(future: _JobFuture, job: ProcessJob) -> None:
 
 
 class ProcessPoolExecutor(PoolExecutor):
-    """A ``concurrent.futures.Executor`` with a ``ProcessPool`` of its own, for programs
+    """A drop-in for the standard library's ``ProcessPoolExecutor``.
+
+    A ``concurrent.futures.Executor`` with a ``ProcessPool`` of its own, for programs
     without an event loop (a drop-in for the standard library's ``ProcessPoolExecutor``).
 
     The pool runs on a private event loop thread, started here; ``shutdown()`` closes it
@@ -257,7 +279,7 @@ class ProcessPoolExecutor(PoolExecutor):
             self._thread.join()
             raise
         super().__init__(pool, loop)
-        _LIVE.add(self)
+        _LIVE[self] = self._pending
 
     @property
     def pool(self) -> ProcessPool:
@@ -265,25 +287,31 @@ class ProcessPoolExecutor(PoolExecutor):
         return self._pool
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """As ``PoolExecutor.shutdown``, then close the pool: at once with ``wait=True`` (every
-        process gone when this returns), else in the background once the futures are done."""
+        """As ``PoolExecutor.shutdown``, then close the pool.
+
+        At once with ``wait=True`` (every process gone when this returns), else in the background
+        once the futures are done.
+        """
         super().shutdown(wait, cancel_futures=cancel_futures)
-        with self._lock:
-            pending = list(self._futures)
+        with self._pending.lock:
+            pending = list(self._pending.futures)
             if self._closed is None:
                 self._closed = asyncio.run_coroutine_threadsafe(
                     _close_after(self._pool, pending, self._loop), self._loop
                 )
             closed = self._closed
-        _LIVE.discard(self)
+        _LIVE.pop(self, None)
         if wait:
             closed.result()
             self._thread.join()
 
 
 def _serve(loop: asyncio.AbstractEventLoop, pool: ProcessPool, started: cf.Future[None]) -> None:
-    """The private loop thread: start the pool (from this thread, which lives as long as the
-    pool: its launcher's parent-death signal is tied to it), then run until it is closed."""
+    """The private loop thread.
+
+    Start the pool (from this thread, which lives as long as the pool: its launcher's parent-death
+    signal is tied to it), then run until it is closed.
+    """
     asyncio.set_event_loop(loop)
     try:
         loop.run_until_complete(pool.start())
@@ -309,15 +337,13 @@ async def _close_after(
         loop.call_soon(loop.stop)
 
 
-#: executors not shut down yet; at exit their processes are killed
-_LIVE: weakref.WeakSet[ProcessPoolExecutor] = weakref.WeakSet()
+#: executors not shut down yet, with their pending futures; at exit their processes are killed
+_LIVE: weakref.WeakKeyDictionary[ProcessPoolExecutor, _Pending] = weakref.WeakKeyDictionary()
 
 
 @atexit.register
 def _at_exit() -> None:
-    for executor in list(_LIVE):
-        with executor._lock:
-            pending = list(executor._futures)
-        for future in pending:  # running ones too: nothing may outlive the program
+    for executor, pending in list(_LIVE.items()):
+        for future in pending.snapshot():  # running ones too: nothing may outlive the program
             future.cancel()
         executor.shutdown(wait=True)

@@ -30,8 +30,10 @@ class Graveyard:
         self._handle: asyncio.Handle | None = None
 
     def bury(self, value: Any) -> None:
-        """Free ``value`` soon, a slice per loop iteration if it is large; the caller must
-        hold no other reference to it."""
+        """Free ``value`` soon, a slice per loop iteration if it is large.
+
+        The caller must hold no other reference to it.
+        """
         if isinstance(value, list | dict) and len(value) > _SMALL:
             self._work.append(value)
             if self._handle is None:

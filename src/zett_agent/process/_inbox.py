@@ -77,6 +77,10 @@ class Inbox:
 
     def start_job(self) -> None:
         """A new job starts: forget the messages and waiters of the one before."""
+        if not (self.boxes or self._waiters or self._loop is not None):
+            # the common case: the job before sent nothing and left no thread (a worker whose
+            # job left a thread is not reused), so nothing else can be touching them now
+            return
         with self.lock:
             self.boxes.clear()
             self._waiters.clear()
@@ -85,8 +89,10 @@ class Inbox:
     # -- taking frames (under ``lock``) -----------------------------------------------------
 
     def _take(self) -> bool:
-        """Move the complete message frames at the start of ``buffer`` into their boxes;
-        return whether there were any."""
+        """Move the complete message frames at the start of ``buffer`` into their boxes.
+
+        Return whether there were any.
+        """
         buffer = self.buffer
         offset, end_of_data, took = 0, len(buffer), False
         while end_of_data - offset > HEADER.size:
@@ -104,8 +110,11 @@ class Inbox:
         return took
 
     def _read(self) -> None:
-        """One non-blocking read into ``buffer``; the messages it completes go to their boxes
-        and their receivers are woken (all of them at the end of the stream)."""
+        """One non-blocking read into ``buffer``.
+
+        The messages it completes go to their boxes and their receivers are woken (all of them at
+        the end of the stream).
+        """
         try:
             chunk = self.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -185,11 +194,70 @@ class Inbox:
                     if not waiter.done():
                         waiter.set_result(None)
 
+    # -- receiving --------------------------------------------------------------------------
+
+    async def receive(self, topic: str) -> Any:
+        """The next message on ``topic``, waiting in the running loop (see ``receive``)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        while True:
+            waiter: asyncio.Future[None] = loop.create_future()
+            with self.lock:
+                self._take()
+                found, value = self._pop(topic)
+                if found:
+                    return value
+                # registered before the lock is released: a thread that takes a message for
+                # this topic meanwhile finds the waiter to wake
+                self._watch(loop, topic, waiter)
+            try:
+                await waiter
+            finally:
+                with self.lock:
+                    self._unwatch(topic, waiter)
+
+    def receive_blocking(self, topic: str, timeout: float | None) -> Any:
+        """The next message on ``topic``, blocking this thread (see ``receive_blocking``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            while True:
+                self._take()
+                found, value = self._pop(topic)
+                if found:
+                    return value
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no message on topic {topic!r} within {timeout} s")
+                if self._sync_reading or self._loop is not None:
+                    self.cond.wait(left)  # another reader reads for us, and wakes us
+                    continue
+                if self._bell is None:
+                    self._bell = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+                bell = self._bell[0]
+                self._sync_reading = True
+                self._sync_thread = threading.get_ident()
+                try:
+                    self.lock.release()
+                    try:
+                        ready = select.select([self.fd, bell], [], [], left)[0]
+                    finally:
+                        self.lock.acquire()
+                    if bell in ready:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(bell, 4096)
+                    if self.fd in ready:
+                        self._read()
+                finally:
+                    self._sync_reading = False
+                    self._sync_thread = None
+                    self.cond.notify_all()  # a receiver that waited may read next
+
 
 def _inbox() -> Inbox:
     from . import _worker
 
-    channel = _worker._channel
+    channel = _worker.current_channel()
     if channel is None:
         raise RuntimeError(
             "receive() only works inside a job running in a ProcessPool worker; call it from "
@@ -209,65 +277,16 @@ async def receive(topic: str = "") -> Any:
 
     Cancellation: a cancelled ``receive`` takes no message; what arrived stays queued.
     """
-    import asyncio
-
-    inbox = _inbox()
-    loop = asyncio.get_running_loop()
-    while True:
-        waiter: asyncio.Future[None] = loop.create_future()
-        with inbox.lock:
-            inbox._take()
-            found, value = inbox._pop(topic)
-            if found:
-                return value
-            # registered before the lock is released: a thread that takes a message for this
-            # topic meanwhile finds the waiter to wake
-            inbox._watch(loop, topic, waiter)
-        try:
-            await waiter
-        finally:
-            with inbox.lock:
-                inbox._unwatch(topic, waiter)
+    return await _inbox().receive(topic)
 
 
 def receive_blocking(topic: str = "", timeout: float | None = None) -> Any:
-    """The next message on ``topic``, blocking the calling thread up to ``timeout`` seconds
+    """Wait for the next message on a topic, blocking the calling thread.
+
+    The next message on ``topic``, blocking the calling thread up to ``timeout`` seconds
     (``None``: without a bound). For sync jobs and threads of a job.
 
     Raises ``TimeoutError`` when nothing came in time, ``RuntimeError`` outside a pool job,
     ``EOFError`` once the host closed the channel.
     """
-    inbox = _inbox()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with inbox.lock:
-        while True:
-            inbox._take()
-            found, value = inbox._pop(topic)
-            if found:
-                return value
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"no message on topic {topic!r} within {timeout} s")
-            if inbox._sync_reading or inbox._loop is not None:
-                inbox.cond.wait(left)  # another reader reads for us, and wakes us
-                continue
-            if inbox._bell is None:
-                inbox._bell = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            bell = inbox._bell[0]
-            inbox._sync_reading = True
-            inbox._sync_thread = threading.get_ident()
-            try:
-                inbox.lock.release()
-                try:
-                    ready = select.select([inbox.fd, bell], [], [], left)[0]
-                finally:
-                    inbox.lock.acquire()
-                if bell in ready:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(bell, 4096)
-                if inbox.fd in ready:
-                    inbox._read()
-            finally:
-                inbox._sync_reading = False
-                inbox._sync_thread = None
-                inbox.cond.notify_all()  # a receiver that waited may read next
+    return _inbox().receive_blocking(topic, timeout)

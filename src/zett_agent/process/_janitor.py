@@ -34,8 +34,11 @@ class Janitor:
         self.stopping = threading.Event()
 
     def defer(self, fn: Callable[..., Any], /, *args: Any) -> None:
-        """Run ``fn(*args)`` in the janitor's thread; exceptions are swallowed (a removal
-        that fails leaves its leftovers for the next sweep, it never fails a job)."""
+        """Run ``fn(*args)`` in the janitor's thread.
+
+        Exceptions are swallowed (a removal that fails leaves its leftovers for the next sweep, it
+        never fails a job).
+        """
         if self.stopping.is_set():
             return
         if self._executor is None:
@@ -48,8 +51,9 @@ class Janitor:
         return self._last is not None and not self._last.done()
 
     async def close(self, within: float) -> bool:
-        """Wait up to ``within`` seconds for what was deferred, then stop the thread; True if
-        everything ran to its end. Idempotent.
+        """Wait up to ``within`` seconds for what was deferred, then stop the thread.
+
+        True if everything ran to its end. Idempotent.
 
         Cancellation: the thread is told to stop before the cancellation propagates (the
         removal under way stops at its next step; the thread then exits on its own).

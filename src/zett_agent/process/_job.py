@@ -1,13 +1,17 @@
-"""``ProcessJob``: the handle of one submitted job, its lifecycle and its event stream."""
+"""``ProcessJob``: the caller's handle of one submitted job: its outcome, messages, events.
+
+Its state is a ``JobCore`` (``_job_core``) that the pool runs; ``JobStatus`` and ``JobUsage``
+are what the handle reports.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import enum
+import functools
 import json
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from ._errors import JobCancelled
-from ._limits import ProcessLimits
 from ._protocol import FLAG_MESSAGE, HEADER
 
 if TYPE_CHECKING:
     from ._channel import Channel
-    from ._pool import ProcessPool
+    from ._job_core import JobCore
+    from ._limits import ProcessLimits
     from ._sandbox import Sandbox
 
-__all__ = ["SEND_BUFFER_BYTES", "JobStatus", "JobUsage", "ProcessJob"]
+__all__ = ["SEND_BUFFER_BYTES", "JobStatus", "JobUsage", "ProcessJob", "set_event_filter"]
 
 #: Bytes of messages (``ProcessJob.send``) the host holds per job that the worker's socket has
 #: not taken yet; a sender waits while one more would exceed it, and no message may be larger.
@@ -33,25 +37,18 @@ SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class JobStatus(enum.Enum):
-    """Lifecycle of a job. ``QUEUED -> RUNNING -> COMPLETED | FAILED | CANCELLED``; a queued
-    job can also end directly (``CANCELLED``, or ``FAILED`` when no worker could be started).
-    Any other transition is a bug and raises ``RuntimeError``."""
+    """Lifecycle of a job.
+
+    ``QUEUED -> RUNNING -> COMPLETED | FAILED | CANCELLED``; a queued job can also end directly
+    (``CANCELLED``, or ``FAILED`` when no worker could be started). Any other transition is a bug
+    and raises ``RuntimeError``.
+    """
 
     QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    # a queued job fails without running only when no worker process can be started
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELLED}),
-    JobStatus.RUNNING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}),
-    JobStatus.COMPLETED: frozenset(),
-    JobStatus.FAILED: frozenset(),
-    JobStatus.CANCELLED: frozenset(),
-}
 
 
 @dataclass(frozen=True)
@@ -77,195 +74,156 @@ class ProcessJob:
     tree is killed) like awaiting an ``asyncio.Task``; use ``wait()`` to wait without that.
     """
 
-    def __init__(
-        self,
-        pool: ProcessPool,
-        loop: asyncio.AbstractEventLoop,
-        payload: bytes,
-        limits: ProcessLimits,
-        name: str,
-        max_buffered_events: int,
-        sandbox: Sandbox | None = None,
-    ) -> None:
-        self._pool = pool
-        self._loop = loop
-        self._payload: bytes | None = payload
-        self.limits = limits
-        #: the ``Sandbox`` the job was submitted with (None: not sandboxed)
-        self.sandbox = sandbox
-        #: what the worker enforced, as it reported before the job's code ran (None until
-        #: then, and for a job without a sandbox): ``landlock_abi``, ``filesystem``, ``tcp``,
-        #: ``scoped``, ``seccomp``, ``network``, ``user``, ``gid``, ``account``, ``scratch``,
-        #: ``missing`` (what could not be enforced, and why), ``seconds`` (what confining took),
-        #: ``absent`` (``read``/``write`` paths that did not exist) and, when the job did not
-        #: run, ``refused``
-        self.sandbox_report: dict[str, Any] | None = None
-        self._scratch: str | None = None
-        self.name = name
-        self.status = JobStatus.QUEUED
-        #: the worker's pid while the job runs, else None
-        self.pid: int | None = None
-        #: events dropped because nobody iterated ``events()`` and the buffer was full
-        self.dropped_events = 0
-        self._done: asyncio.Future[None] = loop.create_future()
-        #: one future per ``await job``/``wait()`` in progress, resolved by ``_finish``: awaiting
-        #: it directly costs one event-loop iteration less per job than ``shield(self._done)``
-        self._waiters: list[asyncio.Future[None]] = []
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        #: events not yet taken by ``events()``, with the memory each is counted for
-        self._events: deque[tuple[Any, int]] = deque()
-        #: memory counted for the buffered events (an upper bound, see ``_decode``)
-        self._held = 0
-        self._max_events = max_buffered_events
-        self._event_waiter: asyncio.Future[None] | None = None
-        self._consumer = False
-        self._started_at: float | None = None
-        self._ended_at: float | None = None
-        self._final_cpu = 0.0
-        self._final_peak = 0
-        self._peak_seen = 0
-        self._callbacks: list[Callable[[ProcessJob], object]] = []
-        #: set when the pool starts killing the job: the outcome it will end with
-        self._kill_reason: BaseException | None = None
-        #: the worker's channel, once something was sent to the running job
-        self._channel: Channel | None = None
-        self._max_send = SEND_BUFFER_BYTES
-        #: senders in ``send`` that wait for room (newcomers queue behind them)
-        self._senders = 0
-        self._send_lock: asyncio.Lock | None = None
-        self._drain_waiter: asyncio.Future[None] | None = None
-        #: takes each event before it is buffered; returns True when it consumed it
-        self._event_filter: Callable[[Any, int], bool] | None = None
+    # The job's state is its core's (``_job_core``), which the pool runs; this is the caller's
+    # face of it. What most jobs never change is a class attribute (see ``JobCore``).
+
+    _max_send = SEND_BUFFER_BYTES
+    #: senders in ``send`` that wait for room (newcomers queue behind them)
+    _senders = 0
+    _send_lock: asyncio.Lock | None = None
+    #: the highest RSS ``usage()`` saw while the job ran
+    _peak_seen = 0
+
+    def __init__(self, core: JobCore) -> None:
+        self._core = core
 
     def __repr__(self) -> str:
-        pid = f" pid={self.pid}" if self.pid is not None else ""
-        return f"<ProcessJob {self.name} {self.status.name}{pid}>"
+        core = self._core
+        pid = f" pid={core.pid}" if core.pid is not None else ""
+        return f"<ProcessJob {core.name} {core.status.name}{pid}>"
 
     # -- state ------------------------------------------------------------------------------
 
-    def _set_status(self, status: JobStatus) -> None:
-        # the table by identity: hashing an enum member runs Python code (it is per-job work)
-        current = self.status
-        if current is JobStatus.QUEUED:
-            legal = status is not JobStatus.QUEUED
-        elif current is JobStatus.RUNNING:
-            legal = status is not JobStatus.QUEUED and status is not JobStatus.RUNNING
-        else:
-            legal = False
-        if not legal:
-            assert status not in _TRANSITIONS[current]
-            raise RuntimeError(f"illegal job transition {self.status.name} -> {status.name}")
-        self.status = status
+    @property
+    def status(self) -> JobStatus:
+        """Where the job is in its lifecycle (``JobStatus``)."""
+        return self._core.status
 
-    def _begin(self, pid: int) -> bytes:
-        self._set_status(JobStatus.RUNNING)
-        self.pid = pid
-        self._started_at = time.monotonic()
-        payload = self._payload
-        assert payload is not None
-        self._payload = None
-        return payload
+    @property
+    def name(self) -> str:
+        """``#<n> <function's qualified name>``: the job's number in its pool, and what it runs."""
+        return self._core.name
 
-    def _finish(
-        self,
-        status: JobStatus,
-        *,
-        result: Any = None,
-        exception: BaseException | None = None,
-        cpu: float | None = None,
-        peak_rss: int | None = None,
-    ) -> None:
-        if self._done.done():
-            return
-        self._set_status(status)
-        self.pid = None
-        self._payload = None
-        self._ended_at = time.monotonic()
-        if cpu is not None:
-            self._final_cpu = cpu
-        if peak_rss is not None:
-            self._final_peak = peak_rss
-        channel = self._channel
-        if channel is not None:
-            self._channel = None
-            # what was sent to this job and not begun goes nowhere: the next job on this
-            # worker must not wait behind it (the worker would discard it anyway)
-            channel.drop_messages()
-            if channel.on_drain == self._on_drain:
-                channel.on_drain = None
-        self._wake_sender()
-        self._event_filter = None
-        self._result = result
-        self._exception = exception
-        self._done.set_result(None)
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._waiters.clear()
-        self._wake_consumer()
-        for callback in self._callbacks:
-            self._loop.call_soon(callback, self)
-        self._callbacks.clear()
+    @property
+    def limits(self) -> ProcessLimits:
+        """The ``ProcessLimits`` the job was submitted with."""
+        return self._core.limits
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        """The ``Sandbox`` the job was submitted with (None: not sandboxed)."""
+        return self._core.sandbox
+
+    @property
+    def sandbox_report(self) -> dict[str, Any] | None:
+        """What the worker enforced, as it reported before the job's code ran.
+
+        None until then, and for a job without a sandbox: ``landlock_abi``, ``filesystem``,
+        ``tcp``, ``scoped``, ``seccomp``, ``network``, ``user``, ``gid``, ``account``,
+        ``scratch``, ``missing`` (what could not be enforced, and why), ``seconds`` (what
+        confining took), ``absent`` (``read``/``write`` paths that did not exist) and, when
+        the job did not run, ``refused``.
+        """
+        return self._core.sandbox_report
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's pid while the job runs, else None."""
+        return self._core.pid
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped because nobody iterated ``events()`` and the buffer was full."""
+        return self._core.dropped_events
 
     def done(self) -> bool:
         """Whether the job ended (completed, failed or cancelled)."""
-        return self._done.done()
+        return self._core.finished
 
     def result(self) -> Any:
         """The job's result; raises its error if it failed or was cancelled.
 
         Raises ``RuntimeError`` if the job has not ended yet.
         """
-        if not self._done.done():
+        core = self._core
+        if not core.finished:
             raise RuntimeError(f"{self!r} has not finished yet; await it first")
-        if self._exception is not None:
-            raise self._exception
-        return self._result
+        if core.exception is not None:
+            raise core.exception
+        return core.result
 
     def exception(self) -> BaseException | None:
         """The job's error, ``None`` if it completed. ``RuntimeError`` if not finished."""
-        if not self._done.done():
+        core = self._core
+        if not core.finished:
             raise RuntimeError(f"{self!r} has not finished yet; await it first")
-        return self._exception
+        return core.exception
+
+    async def wait_gone(self) -> None:
+        """Wait until no process of the job's tree is left; return at once if none is.
+
+        A job's outcome can come a moment before its tree is gone (its worker is killed once
+        its answer arrived, and confirmed dead then): this waits for that confirmation. For a
+        job that ran, it comes once its worker was buried (its tree confirmed dead) or was
+        found clean for its next job; for a job that never ran, with its outcome. Bounded as
+        the pool's kill is. A cancelled or killed job is gone by the time it settles.
+
+        Cancellation: cancelling the waiter leaves the job as it is.
+        """
+        core = self._core
+        if core.tree_is_gone:
+            return
+        if core.gone is None:
+            core.gone = core.loop.create_future()
+        await asyncio.shield(core.gone)
 
     def add_done_callback(self, callback: Callable[[ProcessJob], object]) -> None:
         """Call ``callback(job)`` soon after the job ends (at once-soon if it already did)."""
-        if self._done.done():
-            self._loop.call_soon(callback, self)
+        core = self._core
+        if core.finished:
+            core.loop.call_soon(callback, self)
         else:
-            self._callbacks.append(callback)
+            core.callbacks.append(functools.partial(callback, self))
 
     # -- waiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._result_when_done().__await__()
+        # a generator, not a coroutine calling ``_until_done``: two coroutine objects and
+        # their frames less per ``await job`` (what ``_until_done`` does, inline)
+        core = self._core
+        if not core.finished:
+            waiter: asyncio.Future[None] = core.loop.create_future()
+            core.waiters.append(waiter)
+            try:
+                yield from waiter
+            except asyncio.CancelledError:
+                if not core.finished:
+                    # like awaiting a Task: the awaiter's cancellation cancels the job; wait
+                    # for the tree to be gone (under a shield), then let the cancellation
+                    # propagate
+                    kill = asyncio.ensure_future(self.cancel())
+                    with contextlib.suppress(asyncio.CancelledError):
+                        yield from asyncio.shield(kill)
+                raise
+            finally:
+                if not waiter.done() or waiter.cancelled():
+                    with contextlib.suppress(ValueError):
+                        core.waiters.remove(waiter)
+        return self.result()
 
     async def _until_done(self) -> None:
         """Wait for the end of the job; cancelling the waiter does not touch the job."""
-        if self._done.done():
+        core = self._core
+        if core.finished:
             return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.append(waiter)
+        waiter: asyncio.Future[None] = core.loop.create_future()
+        core.waiters.append(waiter)
         try:
             await waiter
         finally:
             if not waiter.done() or waiter.cancelled():
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
-
-    async def _result_when_done(self) -> Any:
-        try:
-            await self._until_done()
-        except asyncio.CancelledError:
-            if not self._done.done():
-                # like awaiting a Task: the awaiter's cancellation cancels the job; wait for
-                # the tree to be gone (under a shield), then let the cancellation propagate
-                kill = asyncio.ensure_future(self.cancel())
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(kill)
-            raise
-        return self.result()
+                    core.waiters.remove(waiter)
 
     async def wait(self) -> None:
         """Wait until the job ended, without raising its error.
@@ -285,19 +243,22 @@ class ProcessJob:
         Cancellation: if the caller is cancelled while waiting, the kill still completes in the
         background.
         """
-        if self._done.done():
+        core = self._core
+        if core.finished:
             return
-        if self.status is JobStatus.QUEUED:
-            self._pool._drop_queued(self)
-            self._finish(JobStatus.CANCELLED, exception=JobCancelled())
+        if core.status is JobStatus.QUEUED:
+            core.seat.drop_queued(core)
+            core.finish(JobStatus.CANCELLED, exception=JobCancelled())
             return
-        self._pool._kill_job(self, JobCancelled(), grace)
-        await asyncio.shield(self._done)
+        core.seat.kill(core, JobCancelled(), grace)
+        await self._until_done()
 
     # -- messages to the running job --------------------------------------------------------
 
     async def send(self, value: Any, *, topic: str = "") -> None:
-        """Send ``value`` (JSON data) to the running job, which reads it with
+        """Send a message to the running job.
+
+        Send ``value`` (JSON data) to the running job, which reads it with
         ``zett_agent.process._inbox.receive(topic)`` (or ``receive_blocking``).
 
         Messages arrive in the order they were sent (across topics too); each topic is a
@@ -333,11 +294,12 @@ class ProcessJob:
                     channel = self._sendable()
                     if channel.message_bytes + len(frame) <= self._max_send:
                         break
-                    waiter = self._drain_waiter = self._loop.create_future()
+                    core = self._core
+                    waiter = core.drain_waiter = core.loop.create_future()
                     try:
                         await waiter
                     finally:
-                        self._drain_waiter = None
+                        core.drain_waiter = None
                 channel.send_message(frame)
         finally:
             self._senders -= 1
@@ -365,72 +327,17 @@ class ProcessJob:
 
     def _sendable(self) -> Channel:
         """The running job's channel; ``RuntimeError`` when messages cannot go to the job."""
-        channel = self._channel
-        if channel is None and self.status is JobStatus.RUNNING and self._kill_reason is None:
-            worker = self._pool._busy.get(self)
-            if worker is not None and worker.channel is not None:
-                channel = self._channel = worker.channel
-                channel.on_drain = self._on_drain
-        if (
-            channel is None
-            or channel.closed
-            or self.status is not JobStatus.RUNNING
-            or self._kill_reason is not None
-        ):
-            state = "being stopped" if self._kill_reason is not None else self.status.value
+        core = self._core
+        channel = core.send_channel()
+        if channel is None:
+            state = "being stopped" if core.kill_reason is not None else core.status.value
             raise RuntimeError(
                 f"cannot send to {self!r}: it is {state}; messages go only to a running job "
                 "(check job.status, or wait for job.events() to show it runs)"
             )
         return channel
 
-    def _on_drain(self) -> None:
-        self._wake_sender()
-
-    def _wake_sender(self) -> None:
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _set_event_filter(self, accept: Callable[[Any, int], bool] | None) -> None:
-        """Let ``accept(value, cost)`` take each event before it is buffered (for the runner
-        layer: a broker serving the job's requests). It runs on the event loop for every
-        event, must be quick and must not raise; ``True`` means it took the event, which then
-        never appears in ``events()`` nor counts against the buffers. Cleared when the job
-        ends."""
-        self._event_filter = accept
-
     # -- events -----------------------------------------------------------------------------
-
-    def _push_event(self, value: Any, cost: int) -> None:
-        """Store an event; without a consumer, drop the oldest beyond ``max_buffered_events``."""
-        accept = self._event_filter
-        if accept is not None and accept(value, cost):
-            return
-        self._events.append((value, cost))
-        self._held += cost
-        if len(self._events) > self._max_events and not self._consumer:
-            self._pool._free(self._drop_oldest())
-        self._wake_consumer()
-
-    def _drop_oldest(self) -> tuple[Any] | None:
-        """Forget the oldest buffered event (nobody reads them); return it in a 1-tuple for
-        the caller to free, or ``None`` if there is none."""
-        if not self._events:
-            return None
-        value, cost = self._events.popleft()
-        self._held -= cost
-        self.dropped_events += 1
-        return (value,)
-
-    @property
-    def _events_full(self) -> bool:
-        return len(self._events) >= self._max_events
-
-    def _wake_consumer(self) -> None:
-        waiter = self._event_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def events(self) -> AsyncIterator[Any]:
         """Iterate over what the child passed to ``emit()``, in order; ends when the job ends.
@@ -442,10 +349,11 @@ class ProcessJob:
         events are dropped beyond either bound (counted in ``dropped_events``), so ``await job``
         alone never deadlocks. The iterator does not raise the job's error; await the job.
         """
-        if self._consumer:
+        core = self._core
+        if core.consumer:
             raise RuntimeError(f"events() of {self!r} already has a consumer")
-        self._consumer = True
-        return _EventStream(self)
+        core.consumer = True
+        return _EventStream(core)
 
     # -- usage ------------------------------------------------------------------------------
 
@@ -457,13 +365,14 @@ class ProcessJob:
         event loop milliseconds, tens of them on a busy machine. Final numbers are the worker's
         ``getrusage``. ``elapsed`` counts from dispatch to the end (0 while queued).
         """
-        started = self._started_at
+        core = self._core
+        started = core.started_at
         if started is None:
             return JobUsage(0.0, 0, 0, 0.0)
-        if self._ended_at is not None:
-            return JobUsage(self._final_cpu, 0, self._final_peak, self._ended_at - started)
+        if core.ended_at is not None:
+            return JobUsage(core.final_cpu, 0, core.final_peak, core.ended_at - started)
         cpu, rss = 0.0, 0
-        pid = self.pid
+        pid = core.pid
         if pid is not None:
             try:
                 proc = psutil.Process(pid)
@@ -478,24 +387,31 @@ class ProcessJob:
 
 
 class _EventStream:
-    def __init__(self, job: ProcessJob) -> None:
-        self._job = job
+    def __init__(self, core: JobCore) -> None:
+        self._core = core
 
     def __aiter__(self) -> _EventStream:
         return self
 
     async def __anext__(self) -> Any:
-        job = self._job
+        core = self._core
         while True:
-            if job._events:
-                value, cost = job._events.popleft()
-                job._held -= cost
-                job._pool._events_consumed(job)
-                return value
-            if job._done.done():
+            if core.events:
+                return core.take_event()
+            if core.finished:
                 raise StopAsyncIteration
-            job._event_waiter = job._loop.create_future()
+            core.event_waiter = core.loop.create_future()
             try:
-                await job._event_waiter
+                await core.event_waiter
             finally:
-                job._event_waiter = None
+                core.event_waiter = None
+
+
+def set_event_filter(job: ProcessJob, accept: Callable[[Any, int], bool] | None) -> None:
+    """Let ``accept(value, cost)`` take each of ``job``'s events before it is buffered.
+
+    For the runner layer: a broker serving the job's requests. It runs on the event loop for
+    every event, must be quick and must not raise; ``True`` means it took the event, which then
+    never appears in ``events()`` nor counts against the buffers. Cleared when the job ends.
+    """
+    job._core.set_event_filter(accept)

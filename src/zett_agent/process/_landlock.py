@@ -38,6 +38,7 @@ import stat
 from typing import Any
 
 from . import _caps
+from ._linux import libc, prctl
 
 __all__ = [
     "ABI_SCOPE",
@@ -110,12 +111,8 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
+_syscall = libc.syscall
 _syscall.restype = ctypes.c_long
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
 
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_GET_NO_NEW_PRIVS = 39
@@ -163,8 +160,11 @@ def abi() -> tuple[int, str | None]:
 
 
 def fs_rights(version: int) -> int:
-    """Every file system right ABI ``version`` knows (what a ruleset handles, so that all of
-    it is denied unless a rule grants it)."""
+    """Every file system right an ABI knows.
+
+    Every file system right ABI ``version`` knows (what a ruleset handles, so that all of
+    it is denied unless a rule grants it).
+    """
     if version < 1:
         return 0
     rights = _FS_ABI1
@@ -183,28 +183,34 @@ def read_rights(version: int) -> int:
 
 
 def write_rights(version: int) -> int:
-    """Everything but making device files: read, write, truncate, make and remove entries,
-    rename within, execute what was written."""
+    """Everything but making device files.
+
+    Read, write, truncate, make and remove entries, rename within, execute what was written.
+    """
     return fs_rights(version) & ~(ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_BLOCK)
 
 
 def set_no_new_privs() -> None:
-    """``PR_SET_NO_NEW_PRIVS``: no execve of this process or its descendants gains privileges
-    (setuid bits and file capabilities are ignored). Needed by Landlock and seccomp without
-    ``CAP_SYS_ADMIN``. Cannot be undone."""
-    if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    """``PR_SET_NO_NEW_PRIVS``.
+
+    No execve of this process or its descendants gains privileges (setuid bits and file capabilities
+    are ignored). Needed by Landlock and seccomp without ``CAP_SYS_ADMIN``. Cannot be undone.
+    """
+    if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise _error("prctl(PR_SET_NO_NEW_PRIVS)")
 
 
 def no_new_privs() -> bool:
     """Whether ``no_new_privs`` is set for this process."""
-    return bool(_prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1)
+    return bool(prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1)
 
 
 class Ruleset:
-    """One Landlock ruleset under construction; ``restrict_self`` enforces it on this thread
-    (and every process it starts from then on). ``version`` is the ABI to build for: rights and
-    scopes it does not know are left out."""
+    """One Landlock ruleset under construction.
+
+    ``restrict_self`` enforces it on this thread (and every process it starts from then on).
+    ``version`` is the ABI to build for: rights and scopes it does not know are left out.
+    """
 
     def __init__(self, version: int, *, fs: bool, tcp: bool, scoped: bool) -> None:
         self.version = version
@@ -226,17 +232,24 @@ class Ruleset:
         self._attr = _PathBeneathAttr(0, -1)
         self._attr_ref = ctypes.byref(self._attr)
 
-    def allow(self, path: str, rights: int) -> bool:
-        """Grant ``rights`` (masked to what is handled) beneath ``path`` (a directory) or on it
-        (a file: only the rights that apply to files). False when ``path`` does not exist;
-        other failures raise ``OSError``."""
+    def allow(self, path: str, rights: int, *, directory: bool | None = None) -> bool:
+        """Grant rights beneath a path.
+
+        Grant ``rights`` (masked to what is handled) beneath ``path`` (a directory) or on it
+        (a file: only the rights that apply to files). ``directory`` says which it is when the
+        caller knows (saves a ``fstat``; a directory that turned into a file since makes the
+        kernel refuse the rule, with ``OSError``). False when ``path`` does not exist; other
+        failures raise ``OSError``.
+        """
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             return False
         try:
             allowed = rights & self.handled_fs
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            if directory is None:
+                directory = stat.S_ISDIR(os.fstat(fd).st_mode)
+            if not directory:
                 allowed &= _FILE_RIGHTS
             if not allowed:
                 return True
@@ -250,8 +263,11 @@ class Ruleset:
             os.close(fd)
 
     def restrict_self(self) -> None:
-        """Enter the domain. Needs ``no_new_privs`` or ``CAP_SYS_ADMIN``; raises ``OSError``
-        (``E2BIG``: 16 domains are nested already)."""
+        """Enter the domain.
+
+        Needs ``no_new_privs`` or ``CAP_SYS_ADMIN``; raises ``OSError`` (``E2BIG``: 16 domains are
+        nested already).
+        """
         if _syscall(_SYS_RESTRICT_SELF, self.fd, 0) != 0:
             raise _error("landlock_restrict_self")
 
@@ -262,12 +278,15 @@ class Ruleset:
 
 
 def scope_self(version: int) -> None:
-    """Enter a domain of its own that only scopes signals and abstract UNIX sockets (no file
+    """Enter a Landlock domain that scopes signals and abstract sockets.
+
+    Enter a domain of its own that only scopes signals and abstract UNIX sockets (no file
     system or network rule): from then on this process and everything it starts can signal,
     ``ptrace`` or connect to an abstract socket of a process only inside the domain (itself, its
     descendants, and domains nested in it). Needs ``version >= ABI_SCOPE``; sets
     ``no_new_privs`` first unless the process has ``CAP_SYS_ADMIN`` (root). Raises
-    ``OSError`` when the kernel refuses."""
+    ``OSError`` when the kernel refuses.
+    """
     if version < ABI_SCOPE:
         raise OSError(95, f"Landlock ABI {version} has no scoping (ABI {ABI_SCOPE} is needed)")
     ruleset = Ruleset(version, fs=False, tcp=False, scoped=True)
@@ -284,9 +303,12 @@ def _has_sys_admin() -> bool:
 
 
 def worker_scoping(cap: int, wanted: bool) -> dict[str, Any]:
-    """Whether workers can each enter a Landlock domain that scopes signals and abstract UNIX
+    """Whether workers can each enter a scoping Landlock domain.
+
+    Whether workers can each enter a Landlock domain that scopes signals and abstract UNIX
     sockets: asked of the kernel once, and tried once in a short-lived child (the kernel may
-    refuse a domain nested too deep). ``cap`` is the highest ABI the pool allows (-1: any)."""
+    refuse a domain nested too deep). ``cap`` is the highest ABI the pool allows (-1: any).
+    """
     kernel, why = abi()
     version = kernel if cap < 0 else min(kernel, cap)
     info: dict[str, Any] = {"kernel_abi": kernel, "abi": version, "scoped": False, "reason": None}

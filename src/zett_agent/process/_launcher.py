@@ -12,7 +12,11 @@ and replaces a launcher that died or stopped answering.
 Control protocol (one ``SOCK_SEQPACKET`` socket, one JSON object per record):
 
 host -> launcher
-    ``{"op": "spawn", "n": N, "seq": S}``  fork N workers
+    ``{"op": "spawn", "n": N, "seq": S, "confine": B, "loop": L, "prepare": P}``  fork N
+                                          workers (B: they prepare for confining while idle,
+                                          from then on; L: they run an empty event loop while
+                                          idle; P, when given: the shared part of the policy
+                                          of the jobs they prepare for, from then on)
     ``{"op": "sweep", "seq": S}``          (scan containment) kill orphans now
     ``{"op": "ping", "seq": S}``           just answer
     ``{"op": "shutdown"}``                 kill everything, reap it, exit
@@ -93,6 +97,12 @@ class _Launcher:
         self.host_gone = True
         #: workers the host asked for and not forked yet (one per loop turn)
         self.to_spawn = 0
+        #: whether new workers prepare for confining while idle (the pool sandboxes jobs)
+        self.confine = False
+        #: the shared part of a sandboxed job's policy the spares prepare for ("": none yet)
+        self.prepare = ""
+        #: whether workers forked from now on run an empty event loop while they wait
+        self.loop = False
         self.counter = 0
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
@@ -144,7 +154,7 @@ class _Launcher:
             if self.to_spawn and not self.stopping:
                 self.to_spawn -= 1
                 self._fork_worker()
-        self._shutdown()
+        self.shutdown()
 
     def _drain_wakeups(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -166,6 +176,11 @@ class _Launcher:
             op = message.get("op")
             if op == "spawn":
                 self.to_spawn += int(message["n"])
+                self.confine = self.confine or message.get("confine") is True
+                prepare = message.get("prepare")
+                if isinstance(prepare, str):
+                    self.prepare = prepare
+                self.loop = self.loop or message.get("loop") is True
             elif op == "sweep":
                 self._reap()
                 self._sweep()
@@ -214,7 +229,16 @@ class _Launcher:
                 # under cgroup containment a worker whose launcher dies may die at once (its
                 # cgroup holds its tree); otherwise it stops, and the host kills its tree whole
                 pdeath = signal.SIGKILL if self.workers_cg else signal.SIGSTOP
-                _worker.serve(worker_end, self.pid, self.max_frame_bytes, pdeath, self.scope)
+                _worker.serve(
+                    worker_end,
+                    self.pid,
+                    self.max_frame_bytes,
+                    pdeath,
+                    self.scope,
+                    self.confine,
+                    self.loop,
+                    self.prepare,
+                )
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -285,7 +309,8 @@ class _Launcher:
         """Scan containment: kill every child that is not a live worker, until none is left.
 
         Such a child is an orphan of a worker's tree (reparented here because the worker died,
-        or because the job switched the worker's subreaper flag off)."""
+        or because the job switched the worker's subreaper flag off).
+        """
         if self.workers_cg is not None:
             return
         while True:
@@ -318,7 +343,7 @@ class _Launcher:
             if (found := _scan.state(pid)) is not None and found[1] != "Z"
         }
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         """Kill everything, reap what can be reaped, give up after ``_SHUTDOWN_LIMIT``.
 
         Never waits on a process it did not kill: each round kills what is alive (through the
@@ -344,10 +369,12 @@ class _Launcher:
         self._remove_cgroups()
 
     def _remove_pool(self) -> None:
-        """The host died: remove the pool's cgroups (nobody else would until the next pool
-        starts). This process is in one of them, and a cgroup holding a process cannot be
-        removed: it moves back to the cgroup the host ran in first (which held the host, so it
-        can hold a process). What is still populated stays for the next pool's sweep."""
+        """The host died: remove the pool's cgroups (nobody else would until the next pool starts).
+
+        This process is in one of them, and a cgroup holding a process cannot be removed: it moves
+        back to the cgroup the host ran in first (which held the host, so it can hold a process).
+        What is still populated stays for the next pool's sweep.
+        """
         pool, home = self.cgroups.get("pool"), self.cgroups.get("home")
         try:
             if pool is None or home is None:
@@ -401,4 +428,4 @@ def main() -> None:
         sys.stderr.write(f"zett-agent launcher {os.getpid()}: {type(exc).__name__}: {exc}\n")
         with contextlib.suppress(Exception):
             launcher.stopping = True
-            launcher._shutdown()
+            launcher.shutdown()

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import check_env
+
 __all__ = ["ProcessLimits", "check_limits"]
 
 #: the largest value the kernel takes for an rlimit (RLIM_INFINITY is 2**64 - 1)
@@ -97,20 +99,7 @@ class ProcessLimits:
             if value is not None:
                 _check_number(name, value)
         if self.env is not None:
-            if not isinstance(self.env, Mapping):
-                raise TypeError(
-                    f"ProcessLimits.env must be a mapping of str to str or None, got "
-                    f"{type(self.env).__name__}"
-                )
-            for key, value in self.env.items():
-                if not isinstance(key, str) or not isinstance(value, str):
-                    raise TypeError(
-                        f"ProcessLimits.env must map str to str; {key!r:.40}: {value!r:.40} is not"
-                    )
-                if not key or "=" in key or "\0" in key or "\0" in value:
-                    raise ValueError(
-                        f"ProcessLimits.env has an invalid variable name or value: {key!r:.40}"
-                    )
+            check_env("ProcessLimits.env", self.env)
         if self.cwd is not None and not isinstance(self.cwd, str):
             raise TypeError(
                 f"ProcessLimits.cwd must be a str path or None, got {type(self.cwd).__name__}"
@@ -131,8 +120,10 @@ class ProcessLimits:
 
     @property
     def applies_in_child(self) -> bool:
-        """Whether the job changes its worker (rlimits, env, cwd, cgroup limits): such a worker
-        runs no other job afterwards."""
+        """Whether the job changes its worker (rlimits, env, cwd, cgroup limits).
+
+        Such a worker runs no other job afterwards.
+        """
         return self._in_child
 
     @property
@@ -157,8 +148,10 @@ class ProcessLimits:
 
 
 def check_limits(limits: object, where: str) -> ProcessLimits | None:
-    """Return ``limits`` if it is a ``ProcessLimits`` or ``None``; else raise ``TypeError``
-    naming ``where`` it was passed and how to build one."""
+    """Return ``limits`` if it is a ``ProcessLimits`` or ``None``.
+
+    Else raise ``TypeError`` naming ``where`` it was passed and how to build one.
+    """
     if limits is None or isinstance(limits, ProcessLimits):
         return limits
     if isinstance(limits, Mapping):

@@ -14,7 +14,9 @@ import sys
 __all__ = [
     "Inotify",
     "get_child_subreaper",
+    "libc",
     "linux_problem",
+    "prctl",
     "set_child_subreaper",
     "set_parent_death_signal",
 ]
@@ -23,14 +25,17 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
+#: the C library, one handle for the engine's modules (``_seccomp`` keeps its own: its
+#: ``prctl`` takes a pointer)
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+#: ``prctl(option, arg2, arg3, arg4, arg5)`` with integer arguments
+prctl = libc.prctl
+prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+prctl.restype = ctypes.c_int
 
 
 def _call(option: int, value: int) -> None:
-    if _prctl(option, value, 0, 0, 0) != 0:
+    if prctl(option, value, 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl({option}, {value}) failed: {os.strerror(errno)}")
 
@@ -43,7 +48,7 @@ def set_child_subreaper(enabled: bool = True) -> None:
 def get_child_subreaper() -> bool:
     """Whether this process is a child subreaper."""
     out = ctypes.c_int(0)
-    if _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(out), 0, 0, 0) != 0:
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(out), 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
     return bool(out.value)
@@ -95,16 +100,19 @@ class Inotify:
     """
 
     def __init__(self) -> None:
-        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
             errno = ctypes.get_errno()
             raise OSError(errno, f"inotify_init1: {os.strerror(errno)}")
         self.fd: int = fd
 
     def add_watch(self, path: str, mask: int = IN_MODIFY) -> int:
-        """Watch ``path``; return the watch descriptor. Raises ``OSError`` (``ENOENT`` if the
-        file is gone, ``ENOSPC`` when the user's watch limit is reached)."""
-        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
+        """Watch ``path``; return the watch descriptor.
+
+        Raises ``OSError`` (``ENOENT`` if the file is gone, ``ENOSPC`` when the user's watch limit
+        is reached).
+        """
+        wd = libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
         if wd < 0:
             errno = ctypes.get_errno()
             raise OSError(errno, f"inotify_add_watch({path}): {os.strerror(errno)}")
@@ -112,7 +120,7 @@ class Inotify:
 
     def rm_watch(self, wd: int) -> None:
         """Stop watching (ignores a watch the kernel already dropped, e.g. for a removed file)."""
-        _libc.inotify_rm_watch(self.fd, wd)
+        libc.inotify_rm_watch(self.fd, wd)
 
     def read(self) -> list[tuple[int, int]]:
         """``(wd, mask)`` of every pending event; empty when none is pending."""

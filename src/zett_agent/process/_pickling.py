@@ -14,7 +14,9 @@ __all__ = ["pickle_job"]
 
 
 def _by_reference(job: object) -> bytes | None:
-    """``job`` pickled by the plain ``pickle`` module, when that is provably what cloudpickle
+    """Pickle a job with the plain ``pickle`` module when that is safe.
+
+    ``job`` pickled by the plain ``pickle`` module, when that is provably what cloudpickle
     would produce; else ``None`` (the caller uses cloudpickle).
 
     Plain pickle is about 5 times faster than cloudpickle, and for importable module-level

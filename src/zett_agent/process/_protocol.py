@@ -1,4 +1,4 @@
-"""Framing between the parent and a worker, and the kinds of messages a worker sends.
+r"""Framing between the parent and a worker, and the kinds of messages a worker sends.
 
 A frame is a 4-byte big-endian length followed by that many payload bytes. Parent to worker,
 the payload is one flag byte plus either a cloudpickle'd job or, with ``FLAG_MESSAGE``, a
@@ -86,6 +86,9 @@ class FrameError(Exception):
 
 #: frames at least this big are received straight into a buffer of their own (no extra copy)
 LARGE_FRAME = 1 << 16
+#: frames below this size are cut out of the buffer by a plain slice (two small copies cost
+#: less than the view that saves one)
+_SMALL_FRAME = 4096
 
 
 #: one receive buffer per thread, shared by the decoders of its event loop (a read is
@@ -123,8 +126,10 @@ class FrameDecoder:
         self._buf += data
 
     def recv_from(self, sock: socket.socket, size: int) -> int:
-        """Receive up to ``size`` bytes once from ``sock``; return the count (0 at end of
-        stream). Raises what ``sock.recv`` raises (``BlockingIOError`` when nothing is ready)."""
+        """Receive up to ``size`` bytes once from ``sock``; return the count (0 at end of stream).
+
+        Raises what ``sock.recv`` raises (``BlockingIOError`` when nothing is ready).
+        """
         body = self._body
         if body is not None:
             with memoryview(body)[self._filled : self._filled + size] as window:
@@ -134,12 +139,11 @@ class FrameDecoder:
         # into a scratch buffer, not ``sock.recv(size)``: that allocates ``size`` bytes per
         # call, which glibc maps and unmaps each time (three system calls per read; measured
         # as a third of the host's CPU per reused job)
-        scratch = getattr(_scratch, "buffer", None)
-        if scratch is None or len(scratch) < size:
-            scratch = _scratch.buffer = bytearray(size)
-        with memoryview(scratch) as view:
-            n = sock.recv_into(view, size)
-            self._buf += view[:n]
+        view: memoryview | None = getattr(_scratch, "view", None)
+        if view is None or len(view) < size:
+            view = _scratch.view = memoryview(bytearray(size))  # kept: made once per thread
+        n = sock.recv_into(view, size)
+        self._buf += view[:n]
         return n
 
     @property
@@ -180,9 +184,13 @@ class FrameDecoder:
                 buf.clear()
                 self._body, self._filled = body, have
             return None
-        with memoryview(buf) as whole:
-            frame = bytes(whole[HEADER.size : end])
-        del buf[:end]
+        if end == len(buf) and need < _SMALL_FRAME:  # the common case: one small frame
+            frame = bytes(buf[HEADER.size :])
+            buf.clear()
+        else:
+            with memoryview(buf) as whole:
+                frame = bytes(whole[HEADER.size : end])
+            del buf[:end]
         self._need = None
         return frame
 
@@ -193,8 +201,10 @@ _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
 
 
 def decode_json(frame: bytes | bytearray, limit: int = CHUNK) -> dict[str, Any]:
-    """Parse one JSON frame into a message object; ``FrameError`` if it is not one (or is
-    longer than ``limit`` bytes)."""
+    """Parse one JSON frame into a message object.
+
+    ``FrameError`` if it is not one (or is longer than ``limit`` bytes).
+    """
     if len(frame) > limit:
         raise FrameError(f"a JSON frame of {len(frame)} bytes (at most {limit} are allowed)")
     try:
@@ -210,7 +220,7 @@ def decode_json(frame: bytes | bytearray, limit: int = CHUNK) -> dict[str, Any]:
         raise FrameError(f"a frame is not valid JSON (extra data at character {end})")
     if not isinstance(message, dict) or not isinstance(message.get("k"), str):
         raise FrameError(f"a frame is not a message object ({type(message).__name__})")
-    found = lone_surrogate(frame, message)
+    found = lone_surrogate(frame, message) if b"\\" in frame else None  # the common case: none
     if found is not None:
         raise FrameError(
             f"a frame holds a lone surrogate (U+{ord(found):04X}), which is not valid Unicode text"
@@ -249,9 +259,12 @@ _dumps_unicode = json.JSONEncoder(
 
 
 def lone_surrogate(frame: bytes | bytearray, value: Any) -> str | None:
-    """The first lone surrogate in the strings (and dict keys) of ``value``, JSON data whose
+    """Find the first lone surrogate in JSON data.
+
+    The first lone surrogate in the strings (and dict keys) of ``value``, JSON data whose
     encoding is ``frame``, or ``None``. Tuples and subclasses count as what they derive from
-    (the worker checks what it is about to send the same way)."""
+    (the worker checks what it is about to send the same way).
+    """
     if b"\\" not in frame:
         return None
     found = _look_at(value, _LOOK_AT)
@@ -263,8 +276,10 @@ def lone_surrogate(frame: bytes | bytearray, value: Any) -> str | None:
 
 
 def surrogate_in(text: str) -> str | None:
-    """The first surrogate in ``text``, or ``None``: constant time for an ASCII or one-byte
-    wide ``str``, about the time of a copy otherwise."""
+    """The first surrogate in ``text``, or ``None``.
+
+    Constant time for an ASCII or one-byte wide ``str``, about the time of a copy otherwise.
+    """
     if text.isascii() or _narrow(text):
         return None
     try:
@@ -275,18 +290,22 @@ def surrogate_in(text: str) -> str | None:
 
 
 def _narrow(text: str) -> bool:
-    """Whether ``text`` is stored one byte per character (nothing above U+00FF), from its
-    size. A cached UTF-8 copy makes a string look wider: it is then looked at, never
-    skipped."""
+    """Whether ``text`` is stored one byte per character (nothing above U+00FF), from its size.
+
+    A cached UTF-8 copy makes a string look wider: it is then looked at, never skipped.
+    """
     if len(text) == 1:
         return ord(text) < 0x100
     return sys.getsizeof(text) - _NARROW_HEADER <= len(text) + 1
 
 
 def _look_at(value: Any, budget: int) -> Any:
-    """``surrogate_in`` for every string of ``value``, or ``_TOO_MANY`` once more than
+    """Look for lone surrogates within a budget.
+
+    ``surrogate_in`` for every string of ``value``, or ``_TOO_MANY`` once more than
     ``budget`` values were to be looked at one by one. A container of strings only is looked
-    at joined, at C speed. Iterative (no recursion limit)."""
+    at joined, at C speed. Iterative (no recursion limit).
+    """
     stack = [value]
     while stack:
         item = stack.pop()

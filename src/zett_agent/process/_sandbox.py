@@ -1,10 +1,10 @@
 """``Sandbox``: what a job may touch, decided by the host and enforced in its worker.
 
-The host turns a ``Sandbox`` into a *policy* (plain JSON: the paths, the environment, the
-account, the seccomp filter as BPF) once per job, in ``submit``; the policy travels in front of
-the pickled job, and the worker enforces it (``_confine``) before it unpickles anything, so no
-code of the job runs outside the sandbox. The worker reports what it enforced before the job
-runs; the host keeps that report on the job (``ProcessJob.sandbox_report``).
+The host turns a ``Sandbox`` into a *policy* (``_policy``: plain JSON, the paths, the
+environment, the account, the seccomp filter as BPF) once per job, in ``submit``; the policy
+travels in front of the pickled job, and the worker enforces it (``_confine``) before it
+unpickles anything, so no code of the job runs outside the sandbox. The worker reports what it
+enforced before the job runs; the host keeps that report on the job (``ProcessJob.sandbox_report``).
 
 Also here: ``sandbox_support()`` (what this machine can enforce) and the account checks that
 make ``user=`` an error at the call when it cannot work.
@@ -12,10 +12,8 @@ make ``user=`` an error at the call when it cannot work.
 
 from __future__ import annotations
 
-import binascii
 import contextlib
 import functools
-import json
 import os
 import pwd
 import stat
@@ -25,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._checks import check_choice, check_env, check_flag
 from . import _caps, _landlock, _seccomp
 from ._errors import ProcessError
 
@@ -34,7 +33,6 @@ __all__ = [
     "Sandbox",
     "SandboxUnavailable",
     "check_sandbox",
-    "policy",
     "resolve_account",
     "sandbox_support",
 ]
@@ -43,6 +41,8 @@ __all__ = [
 NOBODY = 65534
 #: Landlock ABI a ``required`` sandbox needs: signal and abstract-socket scoping (Linux 6.12)
 REQUIRED_ABI = _landlock.ABI_SCOPE
+#: what ``Sandbox.network`` accepts
+_NETWORKS = ("none", "all")
 #: the kernel that first had each ABI, for messages
 KERNEL_OF_ABI = {1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15"}
 
@@ -91,7 +91,9 @@ def _paths(name: str, value: object) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Sandbox:
-    """What one job may touch, enforced by the kernel in its worker before any of its code runs
+    """What one job may touch, enforced by the kernel.
+
+    What one job may touch, enforced by the kernel in its worker before any of its code runs
     and inherited by every process it starts. Checked at construction like ``ProcessLimits``.
 
     - ``read``: paths the job may read (and execute) beyond the defaults: the interpreter's
@@ -130,21 +132,9 @@ class Sandbox:
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read))
         object.__setattr__(self, "write", _paths("write", self.write))
-        if self.network not in ("none", "all"):
-            raise ValueError(f"Sandbox.network must be 'none' or 'all', got {self.network!r:.40}")
+        check_choice("Sandbox(network=...)", self.network, _NETWORKS)
         if self.env is not None:
-            if not isinstance(self.env, Mapping):
-                raise TypeError(
-                    f"Sandbox.env must be a mapping of str to str or None, got "
-                    f"{type(self.env).__name__}"
-                )
-            for key, value in self.env.items():
-                if not isinstance(key, str) or not isinstance(value, str):
-                    raise TypeError(
-                        f"Sandbox.env must map str to str; {key!r:.40}: {value!r:.40} is not"
-                    )
-                if not key or "=" in key or "\0" in key or "\0" in value:
-                    raise ValueError(f"Sandbox.env has an invalid variable: {key!r:.40}")
+            check_env("Sandbox.env", self.env)
             object.__setattr__(self, "env", dict(self.env))
         user = self.user
         if user is not None:
@@ -157,8 +147,7 @@ class Sandbox:
                 raise ValueError(f"Sandbox.user must be a uid from 0 to 4294967294, got {user}")
             if isinstance(user, str) and (not user or "\0" in user):
                 raise ValueError(f"Sandbox.user must be an account name, got {user!r:.40}")
-        if not isinstance(self.required, bool):
-            raise TypeError(f"Sandbox.required must be a bool, got {self.required!r:.40}")
+        check_flag("Sandbox(required=...)", self.required)
 
 
 # -- the account ------------------------------------------------------------------------------
@@ -166,10 +155,13 @@ class Sandbox:
 
 @dataclass(frozen=True)
 class Account:
-    """Who a sandboxed job runs as: ``mode`` is ``"user"`` (``uid``/``gid``, no groups, no
-    capability), ``"root"`` (uid 0, every capability dropped and locked out) or ``"same"``
-    (the host is not root: its own uid, any capability dropped). ``why`` says why, when it is
-    not the account that was asked for (the default one could not run the interpreter)."""
+    """Who a sandboxed job runs as.
+
+    ``mode`` is ``"user"`` (``uid``/``gid``, no groups, no capability), ``"root"`` (uid 0, every
+    capability dropped and locked out) or ``"same"`` (the host is not root: its own uid, any
+    capability dropped). ``why`` says why, when it is not the account that was asked for (the
+    default one could not run the interpreter).
+    """
 
     mode: Literal["user", "root", "same"]
     uid: int
@@ -179,17 +171,22 @@ class Account:
 
 def _privileged() -> bool:
     """Whether this process may change its uid and gid (root with the capabilities)."""
-    return (
-        os.geteuid() == 0
-        and _caps.has(_caps.CAP_SETUID)
-        and _caps.has(_caps.CAP_SETGID)
-        and _caps.has(_caps.CAP_SETPCAP)
+    if os.geteuid() != 0:
+        return False
+    try:
+        effective = _caps.held()[0]  # one capget for the three (this runs on every submit)
+    except OSError:
+        return False
+    return all(
+        effective >> cap & 1 for cap in (_caps.CAP_SETUID, _caps.CAP_SETGID, _caps.CAP_SETPCAP)
     )
 
 
 def _needed_paths() -> list[tuple[str, bool]]:
-    """What an account must reach to run the interpreter and the job's code: (path, must be
-    executable)."""
+    """What an account must reach to run the interpreter and the job's code.
+
+    (path, must be executable).
+    """
     paths: list[tuple[str, bool]] = [(sys.executable, True)]
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
         with contextlib.suppress(KeyError):
@@ -254,8 +251,11 @@ def _interpreter_problem(uid: int, gid: int, path_key: tuple[str, ...]) -> str |
 
 
 def interpreter_problem(uid: int, gid: int) -> str | None:
-    """Why account ``uid``/``gid`` cannot read and run this interpreter and the code on
-    ``sys.path``, or ``None`` when it can (cached per ``sys.path``)."""
+    """Why an account cannot run this interpreter, if it cannot.
+
+    Why account ``uid``/``gid`` cannot read and run this interpreter and the code on
+    ``sys.path``, or ``None`` when it can (cached per ``sys.path``).
+    """
     return _interpreter_problem(uid, gid, tuple(sys.path))
 
 
@@ -325,8 +325,10 @@ def _resolve_account(
 
 
 def check_sandbox(sandbox: object, where: str) -> Sandbox | None:
-    """``sandbox`` if it is a ``Sandbox`` (its account checked for this host) or ``None``;
-    ``TypeError`` naming ``where`` otherwise, ``ValueError`` for an account that cannot work."""
+    """``sandbox`` if it is a ``Sandbox`` (its account checked for this host) or ``None``.
+
+    ``TypeError`` naming ``where`` otherwise, ``ValueError`` for an account that cannot work.
+    """
     if sandbox is None:
         return None
     if not isinstance(sandbox, Sandbox):
@@ -389,140 +391,3 @@ def sandbox_support() -> dict[str, Any]:
         "required_ok": version >= REQUIRED_ABI and seccomp_ok,
         "reasons": reasons,
     }
-
-
-# -- the policy ---------------------------------------------------------------------------------
-
-#: files of /etc that name resolution and TLS read (and nothing else of /etc)
-_ETC = (
-    "/etc/resolv.conf",
-    "/etc/hosts",
-    "/etc/nsswitch.conf",
-    "/etc/host.conf",
-    "/etc/gai.conf",
-    "/etc/services",
-    "/etc/protocols",
-    "/etc/ld.so.cache",
-    "/etc/ssl/certs",
-    "/etc/ssl/cert.pem",
-    "/etc/ssl/openssl.cnf",
-    "/etc/pki/tls/certs",
-    "/etc/pki/tls/cert.pem",
-    "/etc/pki/ca-trust/extracted",
-    "/etc/ca-certificates",
-)
-_LIBRARIES = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64")
-_SHARED = ("/usr/local/lib", "/usr/share/ca-certificates", "/usr/lib/ssl")
-_READ_DEVICES = ("/dev/zero", "/dev/urandom", "/dev/random")
-_RW_DEVICES = ("/dev/null",)
-_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-@functools.lru_cache(maxsize=4)
-def _default_read(path_key: tuple[str, ...]) -> tuple[str, ...]:
-    paths: dict[str, None] = {}
-    for prefix in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix):
-        paths[prefix] = None
-    paths[os.path.dirname(sys.executable)] = None
-    paths[os.path.realpath(sys.executable)] = None
-    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
-        with contextlib.suppress(KeyError):
-            paths[sysconfig.get_path(name)] = None
-    for entry in path_key:
-        paths[os.path.abspath(entry or os.getcwd())] = None
-    try:
-        import certifi
-
-        paths[os.path.dirname(certifi.where())] = None
-    except ImportError:
-        pass
-    import ssl  # here: loading it costs the host's first import of the engine 10 ms
-
-    verify = ssl.get_default_verify_paths()
-    for found in (verify.cafile, verify.capath, verify.openssl_cafile, verify.openssl_capath):
-        if found:
-            paths[found] = None
-    for path in (*_LIBRARIES, *_SHARED, *_ETC, *_READ_DEVICES):
-        paths[path] = None
-    return _covering(paths)
-
-
-def _covering(paths: dict[str, None]) -> tuple[str, ...]:
-    """The paths that exist, without those beneath another one of the list (a rule on a
-    directory covers everything below it): fewer rules for the worker to add per job."""
-    found = sorted({os.path.realpath(path) for path in paths if os.path.exists(path)})
-    kept: list[str] = []
-    for path in found:
-        if not any(path == top or path.startswith(top.rstrip("/") + "/") for top in kept):
-            kept.append(path)
-    # a symlink to a file elsewhere is opened through its target: the rule is on the target
-    return tuple(kept)
-
-
-def _bpf(network_none: bool) -> tuple[str | None, str | None]:
-    """The seccomp program as base64 (compiled once per process), or why there is none."""
-    ok, reason = _seccomp.available()
-    if not ok:
-        return None, reason
-    try:
-        program = _seccomp.program(network_none)
-    except OSError as exc:
-        return None, f"the seccomp filter could not be built: {exc}"
-    return binascii.b2a_base64(program, newline=False).decode("ascii"), None
-
-
-@functools.lru_cache(maxsize=16)
-def _shared_part(
-    account: Account, network: str, landlock_abi: int, seccomp: bool, path_key: tuple[str, ...]
-) -> str:
-    """The part of the policy every job of one kind shares, as JSON (made once: encoding it
-    per job would cost the host's event loop for nothing)."""
-    if seccomp:
-        program, seccomp_reason = _bpf(network == "none")
-    else:
-        program, seccomp_reason = None, "seccomp is switched off for this pool (seccomp=False)"
-    return json.dumps(
-        {
-            "defaults": list(_default_read(path_key)),
-            "devices": list(_RW_DEVICES),
-            "account": {"mode": account.mode, "uid": account.uid, "gid": account.gid},
-            "account_why": account.why,
-            "landlock_abi": landlock_abi,
-            "seccomp": program,
-            "seccomp_reason": seccomp_reason,
-        },
-        separators=(",", ":"),
-    )
-
-
-def policy(
-    sandbox: Sandbox,
-    account: Account,
-    scratch: str,
-    *,
-    landlock_abi: int,
-    seccomp: bool,
-) -> bytes:
-    """The policy the worker enforces for one job, as JSON (see ``_confine.confine``): what
-    jobs of its kind share, and the job's own part: ``{"shared": ..., "job": ...}``.
-
-    ``landlock_abi`` is the highest ABI the pool may use (lower than the kernel's to pretend an
-    older one); ``seccomp=False`` pretends there is no seccomp.
-    """
-    env = {
-        "PATH": _PATH,
-        "LANG": os.environ.get("LANG") or "C.UTF-8",
-        "HOME": scratch,
-        "TMPDIR": scratch,
-    }
-    env.update(sandbox.env or {})
-    shared = _shared_part(account, sandbox.network, landlock_abi, seccomp, tuple(sys.path))
-    job = {
-        "read": sandbox.read,
-        "write": sandbox.write,
-        "scratch": scratch,
-        "network": sandbox.network,
-        "env": env,
-        "required": sandbox.required,
-    }
-    return f'{{"shared":{shared},"job":{json.dumps(job, separators=(",", ":"))}}}'.encode()

@@ -23,7 +23,15 @@ import signal
 import time
 from collections.abc import Iterable
 
-__all__ = ["children", "freeze_and_kill", "scan", "signal_tree", "state", "wait_dead"]
+__all__ = [
+    "children",
+    "freeze_and_kill",
+    "scan",
+    "signal_tree",
+    "start_time",
+    "state",
+    "wait_dead",
+]
 
 #: process states in which a process can no longer fork: stopped, traced, zombie, dead
 _FROZEN = frozenset("TtZXx")
@@ -60,6 +68,18 @@ def state(pid: int) -> tuple[int, str] | None:
     if len(rest) < 2:
         return None
     return int(rest[1]), rest[0].decode("ascii", "replace")
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or ``None`` if there is no such process.
+
+    Field 22 of ``/proc/PID/stat``: with the pid, an identity that survives pid reuse.
+    """
+    data = _read(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def scan() -> dict[int, tuple[int, str]]:

@@ -32,8 +32,10 @@ _LOCK = ".lock"
 
 
 class Base:
-    """One pool's base directory; ``close`` releases its lock (the directory is removed by
-    the janitor with ``remove_tree``)."""
+    """One pool's base directory.
+
+    ``close`` releases its lock (the directory is removed by the janitor with ``remove_tree``).
+    """
 
     def __init__(self) -> None:
         self.path = tempfile.mkdtemp(prefix=PREFIX)
@@ -58,8 +60,10 @@ class Base:
 
 
 def stale_bases(directory: str | None = None) -> list[str]:
-    """Base directories in ``directory`` (default: the temporary directory) whose pool is gone:
-    their lock is not held. Only those owned by this process's user."""
+    """Base directories in ``directory`` (default: the temporary directory) whose pool is gone.
+
+    Their lock is not held. Only those owned by this process's user.
+    """
     directory = directory or tempfile.gettempdir()
     found = []
     try:
@@ -190,8 +194,10 @@ def _remove_below(top: int, name: str, stop: Callable[[], bool] | None) -> bool:
 
 
 def _enter(parent: int, name: str) -> int:
-    """Open subdirectory ``name`` (never through a symlink), writable and listable for its
-    owner: a job may have taken those bits away."""
+    """Open subdirectory ``name`` (never through a symlink), writable and listable for its owner.
+
+    A job may have taken those bits away.
+    """
     try:
         fd = _open_dir(name, parent)
     except PermissionError:

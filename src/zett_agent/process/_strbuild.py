@@ -65,8 +65,11 @@ class StrBuilder:
         self._wide_seen = ascii or length == 0
 
     def add_utf8(self, data: bytes | bytearray) -> None:
-        """Append the characters of ``data``: strict UTF-8 (``UnicodeDecodeError`` for anything
-        else, a lone surrogate's three bytes included)."""
+        """Append the characters of ``data``.
+
+        Strict UTF-8 (``UnicodeDecodeError`` for anything else, a lone surrogate's three bytes
+        included).
+        """
         if self._ascii:
             if not data.isascii():
                 # not valid UTF-8 of an ASCII text: reported like any other decoding error

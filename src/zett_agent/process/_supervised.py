@@ -10,14 +10,16 @@ if TYPE_CHECKING:
     from ._channel import Channel
     from ._containment import Tree
     from ._control import LauncherHandle
-    from ._job import ProcessJob
+    from ._job_core import JobCore
 
 __all__ = ["Worker", "WorkerState"]
 
 
 class WorkerState(enum.Enum):
-    """``IDLE <-> BUSY -> ENDING -> DEAD``, and ``IDLE -> ENDING``. Any other transition is a
-    bug and raises ``RuntimeError``."""
+    """``IDLE <-> BUSY -> ENDING -> DEAD``, and ``IDLE -> ENDING``.
+
+    Any other transition is a bug and raises ``RuntimeError``.
+    """
 
     IDLE = "idle"  # alive, no job: may get one
     BUSY = "busy"  # running a job
@@ -31,6 +33,7 @@ _LEGAL = {
     WorkerState.ENDING: frozenset({WorkerState.DEAD}),
     WorkerState.DEAD: frozenset(),
 }
+_IDLE, _BUSY = WorkerState.IDLE, WorkerState.BUSY
 
 
 class Worker:
@@ -43,7 +46,9 @@ class Worker:
         self.launcher = launcher
         self.channel: Channel | None = None
         self.state = WorkerState.IDLE
-        self.job: ProcessJob | None = None
+        self.job: JobCore | None = None
+        #: the job whose answer retired it: that job's tree is gone once this worker is buried
+        self.answered: JobCore | None = None
         self.jobs_done = 0
         #: whether the job it runs is its last one
         self.last = False
@@ -62,8 +67,14 @@ class Worker:
         return f"<worker {self.pid} {self.state.name}{job}>"
 
     def to(self, state: WorkerState) -> None:
-        if state not in _LEGAL[self.state]:
-            raise RuntimeError(f"illegal worker transition {self.state.name} -> {state.name}")
+        # the two transitions of every reused job by identity: hashing an enum member for the
+        # table runs Python code
+        current = self.state
+        if (current is _IDLE and state is _BUSY) or (current is _BUSY and state is _IDLE):
+            self.state = state
+            return
+        if state not in _LEGAL[current]:
+            raise RuntimeError(f"illegal worker transition {current.name} -> {state.name}")
         self.state = state
 
     def set_timer(self, name: str, handle: asyncio.TimerHandle) -> None:
@@ -76,6 +87,8 @@ class Worker:
             handle.cancel()
 
     def cancel_timers(self) -> None:
+        if not self._timers:
+            return
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()

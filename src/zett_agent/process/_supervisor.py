@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 from collections import deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from typing import Any, Protocol
 
 from . import _scan
@@ -39,6 +40,8 @@ DEADLINE = 5.0
 #: launcher replacements allowed within RESTART_WINDOW seconds before the pool gives up
 MAX_RESTARTS = 5
 RESTART_WINDOW = 60.0
+#: bytes of a launcher's children list read at a time (the pids of about 8,000 workers)
+_CHILDREN_READ = 1 << 16
 
 
 class Owner(Protocol):
@@ -109,13 +112,18 @@ class LauncherSupervisor:
         self._heard = 0.0
         #: its CPU time at the last look (it is working while that grows)
         self._ticks = -1
+        #: a launcher and its children list, kept open (``sweep_if_orphans``)
+        self._probe: tuple[LauncherHandle, int] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start a launcher and wait for its hello. Raises ``ProcessError`` (it failed to start,
-        naming why, or did not answer within ``START_TIMEOUT``); on any error or cancellation
-        the launcher is killed (and reaped when it exits)."""
+        """Start a launcher and wait for its hello.
+
+        Raises ``ProcessError`` (it failed to start, naming why, or did not answer within
+        ``START_TIMEOUT``); on any error or cancellation the launcher is killed (and reaped when it
+        exits).
+        """
         self._before_start()
         launcher = LauncherHandle(
             preload=self._preload,
@@ -142,8 +150,11 @@ class LauncherSupervisor:
             raise
 
     async def close(self) -> None:
-        """Stop replacing and looking; ask every launcher to shut down (it kills what it
-        started and exits). ``gone`` is set once all are reaped."""
+        """Stop replacing and looking.
+
+        Ask every launcher to shut down (it kills what it started and exits). ``gone`` is set once
+        all are reaped.
+        """
         self.closing = True
         for timer in (self._health, self._watching):
             if timer is not None:
@@ -162,11 +173,15 @@ class LauncherSupervisor:
             launcher.kill()
 
     def abandon(self) -> None:
-        """Only when the event loop is gone: close the control sockets (EOF makes each
-        launcher kill every tree and exit)."""
+        """Only when the event loop is gone.
+
+        Close the control sockets (EOF makes each launcher kill every tree and exit).
+        """
         for launcher in self.handles:
             with contextlib.suppress(OSError):
                 launcher.close()
+        with contextlib.suppress(OSError):
+            self._close_probe()
 
     # -- requests and what is owed ----------------------------------------------------------
 
@@ -192,13 +207,51 @@ class LauncherSupervisor:
         return True
 
     def sweep_if_orphans(self, workers: Container[int]) -> None:
-        """Ask the launcher for an orphan sweep if it has a child that is not one of
+        """Ask the launcher for an orphan sweep when one may be needed.
+
+        Ask the launcher for an orphan sweep if it has a child that is not one of
         ``workers`` (scan containment, after a reused worker's job: a job that switched its
         subreaper flag off and double-forked left such an orphan). Its children are read from
-        /proc: the common case costs no message and no wake-up."""
+        /proc: the common case costs no message and no wake-up.
+        """
         launcher = self.current
-        if launcher is not None and any(pid not in workers for pid in _scan.children(launcher.pid)):
+        if launcher is not None and any(pid not in workers for pid in self._children(launcher)):
             self.request({"op": "sweep"})
+
+    def _children(self, launcher: LauncherHandle) -> Iterable[int]:
+        """The launcher's children, from its one thread's ``children`` list kept open.
+
+        One ``pread`` per look: the launcher never starts a thread, and a job cannot make it.
+        """
+        probe = self._probe
+        if probe is None or probe[0] is not launcher:
+            self._close_probe()
+            if not _scan._HAVE_CHILDREN_FILE:
+                return _scan.children(launcher.pid)
+            path = f"/proc/{launcher.pid}/task/{launcher.pid}/children"
+            try:
+                probe = self._probe = (launcher, os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+                # opened while it is alive (not reaped: its pid is not someone else's), the
+                # list is its own; from then on it fails once the launcher is gone
+                signal.pidfd_send_signal(launcher.pidfd, 0)
+            except OSError:
+                self._close_probe()
+                return ()  # it is gone: its exit is handled on its own
+        try:
+            data = os.pread(probe[1], _CHILDREN_READ, 0)
+            while len(data) % _CHILDREN_READ == 0 and data:  # a long list: read all of it
+                more = os.pread(probe[1], _CHILDREN_READ, len(data))
+                if not more:
+                    break
+                data += more
+        except OSError:
+            return ()
+        return map(int, data.split())
+
+    def _close_probe(self) -> None:
+        if self._probe is not None:
+            os.close(self._probe[1])
+            self._probe = None
 
     def owe_report(self, launcher: LauncherHandle, pid: int, since: float) -> None:
         """Worker ``pid`` of ``launcher`` died: its exit report is owed."""
@@ -207,11 +260,14 @@ class LauncherSupervisor:
             self._expect()
 
     def watch(self, busy: Callable[[], bool]) -> None:
-        """Look at the launcher every ``WATCH_EVERY`` seconds for as long as ``busy()`` is true
+        """Watch the launcher while jobs run.
+
+        Look at the launcher every ``WATCH_EVERY`` seconds for as long as ``busy()`` is true
         (the pool calls this when a job starts while none ran), and replace it if it is seen
         stopped. Where the kernel cannot keep a job from signalling its launcher (no Landlock
         signal scoping), a job could stop it while nothing is owed: found within a second
-        while the host lives."""
+        while the host lives.
+        """
         self._busy = busy
         if self._watching is None and not self.closing:
             self._watching = self._loop.call_later(WATCH_EVERY, self._look)
@@ -333,6 +389,8 @@ class LauncherSupervisor:
             self._loop.remove_writer(launcher.sock.fileno())
         if launcher is self.current:
             self.current = None
+        if self._probe is not None and self._probe[0] is launcher:
+            self._close_probe()
         self.handles.discard(launcher)
         launcher.close()
         if not self.handles:
@@ -353,8 +411,11 @@ class LauncherSupervisor:
         self._owner.on_lost(launcher, why)
 
     def replace(self, why: str) -> None:
-        """Start a new launcher (the pool killed what the lost one started), unless too many
-        failed lately: then the pool gives up."""
+        """Start a new launcher, unless too many failed lately.
+
+        Start a new launcher (the pool killed what the lost one started), unless too many
+        failed lately: then the pool gives up.
+        """
         if self.closing or self._replacing is not None:
             return
         if len(self._restarts) > MAX_RESTARTS:

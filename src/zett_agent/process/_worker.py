@@ -12,7 +12,6 @@ from what it observes (its own kill, the cgroup, pidfds), never from what the wo
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import select
@@ -20,10 +19,10 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
-from . import _confine, _landlock, _linux, _scan
+from . import _confine, _landlock, _linux, _ruleset, _scan
 from ._encode import Encoder, _dumps, without_surrogates
 from ._inbox import Inbox
 from ._protocol import CHUNK, FLAG_LAST, FLAG_MESSAGE, FLAG_SANDBOX, HEADER
@@ -34,10 +33,12 @@ _JSON_HINT = "JSON data (dicts with str keys, lists, tuples, str, int, float, bo
 
 
 class _Channel:
-    """The worker's end of its socket. One message at a time (a lock), blocking writes
-    (backpressure: the parent stops reading while its buffer for the job is full). What the
-    host sends is read by the job loop (jobs) and the ``inbox`` (messages to the running job,
-    see ``_inbox``), from one shared buffer."""
+    """The worker's end of its socket.
+
+    One message at a time (a lock), blocking writes (backpressure: the parent stops reading while
+    its buffer for the job is full). What the host sends is read by the job loop (jobs) and the
+    ``inbox`` (messages to the running job, see ``_inbox``), from one shared buffer.
+    """
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
         self.sock = sock
@@ -64,8 +65,11 @@ class _Channel:
             self.encoder.message(kind, value, usage)
 
     def error(self, exc: BaseException, usage: dict[str, float]) -> None:
-        """Report the job's exception; long texts are cut so it fits one frame, and a lone
-        surrogate in them is written as its escape (the parent refuses invalid Unicode)."""
+        """Report the job's exception.
+
+        Long texts are cut so it fits one frame, and a lone surrogate in them is written as its
+        escape (the parent refuses invalid Unicode).
+        """
         import traceback
 
         text = without_surrogates(str(exc))
@@ -91,6 +95,11 @@ class _Channel:
 
 
 _channel: _Channel | None = None
+
+
+def current_channel() -> _Channel | None:
+    """This worker's channel to the host (None outside a worker): what ``_inbox`` reads."""
+    return _channel
 
 
 def emit(obj: Any) -> None:
@@ -135,8 +144,11 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 def _recv_frame(sock: socket.socket, buffer: bytearray) -> bytes | None:
-    """The next frame's payload (None at end of stream). One ``recv`` usually brings the
-    header and a small job together; ``buffer`` keeps what arrived beyond the frame."""
+    """The next frame's payload (None at end of stream).
+
+    One ``recv`` usually brings the header and a small job together; ``buffer`` keeps what arrived
+    beyond the frame.
+    """
     while len(buffer) < HEADER.size:
         chunk = sock.recv(_RECV_SIZE)
         if not chunk:
@@ -197,8 +209,11 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _sandboxed(body: memoryview) -> int:
-    """Enforce the sandbox policy at the start of ``body`` and report it; return where the
-    pickled job starts. Exits the process when the job must not run (the report says why)."""
+    """Enforce the sandbox policy at the start of ``body`` and report it.
+
+    Return where the pickled job starts. Exits the process when the job must not run (the report
+    says why).
+    """
     import json
 
     assert _channel is not None
@@ -215,10 +230,17 @@ def _sandboxed(body: memoryview) -> int:
     return 1 + HEADER.size + size
 
 
-def _run(payload: bytes | memoryview) -> Any:
-    import cloudpickle
+#: ``cloudpickle.loads``, bound at the first job (importing it is not for the launcher)
+_loads: Callable[[bytes | memoryview], Any] | None = None
 
-    fn, args, kwargs, spec = cloudpickle.loads(payload)
+
+def _run(payload: bytes | memoryview) -> Any:
+    global _loads
+    if _loads is None:
+        import cloudpickle
+
+        _loads = cloudpickle.loads
+    fn, args, kwargs, spec = _loads(payload)
     if spec is not None:
         _apply_limits(spec)
     result = fn(*args, **kwargs)
@@ -256,20 +278,25 @@ def _clean_up() -> bool:
 def _flush_std_streams() -> None:
     # os._exit() skips Python's own flushing; what the job printed must not be lost
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
+        try:  # noqa: SIM105 - contextlib.suppress costs three Python calls, twice per job
             stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 #: seconds a new worker waits for a first job before it warms up as a spare
 _WARM_UP_AFTER = 0.002
 
 
-def _warm_up() -> None:
+def _warm_up(confine: bool, loop: bool = False, prepare: str = "") -> None:
     """Run the job path once on a dummy job before the first real one arrives.
 
     A freshly forked worker shares its memory with the launcher copy-on-write; the first run
     of any code path pays page faults for every object it touches. Paying them here, while the
-    worker waits as a spare, takes them off the dispatch latency of the first job.
+    worker waits as a spare, takes them off the dispatch latency of the first job. With
+    ``confine``, the same for what confining a sandboxed job touches; with ``loop``, for
+    running an event loop; with ``prepare`` (the shared part of a policy), it builds ahead
+    what confining a job of that kind takes (``_ruleset.prepare``).
     """
     import cloudpickle
 
@@ -279,7 +306,34 @@ def _warm_up() -> None:
     fn, args, kwargs, _spec = cloudpickle.loads(cloudpickle.dumps((nothing, (1,), {"k": 2}, None)))
     sink: list[bytes] = []
     Encoder(sink.append, 1 << 20).message("result", fn(*args, **kwargs), _usage())
-    _confine.warm_up()  # the sandbox's path too: a spare may get a sandboxed job
+    if loop:
+        _warm_up_event_loop()  # the pool has run coroutine jobs: the next one will be too
+    if confine:
+        _confine.warm_up()  # the sandbox's path too: a spare of a sandboxing pool may get one
+        if prepare:
+            _ruleset.prepare(prepare)
+
+
+def _warm_up_event_loop() -> None:
+    """Run one empty ``asyncio.run``, then leave asyncio as a fresh process has it.
+
+    The first event loop a forked worker runs costs 1.5 to 2 ms of copy-on-write page faults
+    (measured on 3.11 to 3.13; the next one costs 0.3 ms), which a coroutine job would pay on
+    its dispatch path; a sandboxed job, which always gets a fresh worker, paid it every time.
+    ``asyncio.run`` marks its policy as having had a loop set, after which
+    ``asyncio.get_event_loop()`` raises instead of creating one: dropping the policy gives the
+    job the same asyncio it would find in a process that never ran a loop.
+    """
+    import asyncio
+    import warnings
+
+    async def nothing() -> None:
+        return None
+
+    asyncio.run(nothing())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # policies are deprecated in 3.14
+        asyncio.set_event_loop_policy(None)
 
 
 def serve(
@@ -288,6 +342,9 @@ def serve(
     max_frame_bytes: int,
     pdeath: int = signal.SIGKILL,
     scope: int = 0,
+    confine: bool = False,
+    loop: bool = False,
+    prepare: str = "",
 ) -> NoReturn:
     """Run jobs from ``sock`` until told the job is the last one or the socket closes; exit.
 
@@ -297,6 +354,10 @@ def serve(
     when the launcher dies. ``scope`` (a Landlock ABI, 0 for none) puts the worker in a Landlock
     domain of its own before any job: nothing its jobs start can signal, ``ptrace`` or reach an
     abstract UNIX socket of a process outside its tree (the launcher, the host, other pools).
+    ``confine``: an idle spare also prepares for confining a job (the pool sandboxes jobs);
+    ``loop``: it runs an empty event loop (the pool's jobs are coroutine functions);
+    ``prepare``: the shared part of the latest sandboxed job's policy, which an idle spare
+    prepares for (a job that is not sandboxed closes what it prepared first).
 
     A sandboxed job (``FLAG_SANDBOX``) is confined before it is unpickled, and its worker runs
     no other job.
@@ -319,9 +380,17 @@ def serve(
     # warm up only as a spare: when a job is already on its way (the pool is busy), the
     # warm-up would just be extra work before it
     if not select.select([sock], [], [], _WARM_UP_AFTER)[0]:
-        _warm_up()
+        _warm_up(confine, loop, prepare)
     me = os.getpid()
     received = _channel.inbox.buffer
+    # orphans of a job (its grandchildren whose parent died) land here, where the clean-up
+    # after the job finds them (never inherited through a fork: set once here). A job may
+    # switch it off: under scan containment it is set again after every job, before the next
+    # one can start; under cgroup containment (``pdeath`` SIGKILL: the worker's cgroup holds
+    # its whole tree) an orphan that went past the worker is still in its cgroup, which the
+    # host reads before reusing the worker, and the worker is retired instead
+    _linux.set_child_subreaper()
+    each_job = pdeath != signal.SIGKILL
     while True:
         body = _recv_frame(sock, received)
         if body is None:
@@ -331,12 +400,15 @@ def serve(
             continue  # for a job that ended (sent as it finished): never read as a job
         _channel.inbox.start_job()
         last = flags & FLAG_LAST or flags & FLAG_SANDBOX
-        # a job may have switched it off; orphans of the next job must land here again
-        _linux.set_child_subreaper()
         try:
             try:
-                start = _sandboxed(memoryview(body)) if flags & FLAG_SANDBOX else 1
-                result = _run(memoryview(body)[start:])  # no copy of large arguments
+                view = memoryview(body)
+                if flags & FLAG_SANDBOX:
+                    start = _sandboxed(view)
+                else:
+                    _ruleset.discard()  # nothing of a sandbox's preparation for this job
+                    start = 1
+                result = _run(view[start:])  # no copy of large arguments
             finally:
                 if os.getpid() != me:
                     # a process the job forked returned from the job: the answer is ours
@@ -356,5 +428,8 @@ def serve(
             _channel.error(exc, _usage())
         if not reusable:
             break
+        if each_job:
+            # after the answer, off its path: the next job cannot start before this
+            _linux.set_child_subreaper()
     _flush_std_streams()
     os._exit(0)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from zett_agent.process import JobUsage, ProcessLimits, Sandbox
     from zett_agent.runners._child import ChildSpec
 
-__all__ = ["ChildJob", "ChildRunner"]
+__all__ = ["ChildJob", "ChildRunner", "CountsTokens", "JobOutcome", "SupportsSend", "WrappedJob"]
 
 
 @runtime_checkable
@@ -25,8 +25,11 @@ class ChildJob(Protocol):
 
     @property
     def pid(self) -> int | None:
-        """The id of the OS process the child runs in while it runs (``None`` before, after,
-        and where a runner has no such thing)."""
+        """The id of the OS process the child runs in.
+
+        The id of the OS process the child runs in while it runs (``None`` before, after,
+        and where a runner has no such thing).
+        """
         ...
 
     def events(self) -> AsyncIterator[Any]:
@@ -65,10 +68,119 @@ class ChildJob(Protocol):
         ...
 
     def info(self) -> Mapping[str, Any]:
-        """Runner-specific facts for ``task_info`` (JSON-compatible): why a child still waits,
-        which node runs it... Keys here are added to the task's info, while it runs and after it
-        ended (return only what still holds then: the node it ran on, not why it waits); an
-        empty mapping adds nothing."""
+        """Runner-specific facts for ``task_info`` (JSON-compatible).
+
+        Why a child still waits, which node runs it... Keys here are added to the task's info, while
+        it runs and after it ended (return only what still holds then: the node it ran on, not why
+        it waits); an empty mapping adds nothing.
+        """
+        ...
+
+
+class JobOutcome(Protocol):
+    """What a wrapped job answers for its wrapper: its process, its outcome and its usage."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def done(self) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+    def result(self) -> Any: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def usage(self) -> JobUsage: ...
+
+
+class WrappedJob:
+    """A job that answers for the one it wraps (``job``): the same pid, outcome and usage.
+
+    The base of the runners' own job classes, which change only how events, cancel or info
+    go; each sets ``job`` in its ``__init__``.
+    """
+
+    __slots__ = ()
+    job: JobOutcome
+
+    @property
+    def pid(self) -> int | None:
+        return self.job.pid
+
+    def done(self) -> bool:
+        return self.job.done()
+
+    async def wait(self) -> None:
+        await self.job.wait()
+
+    def result(self) -> Any:
+        return self.job.result()
+
+    def exception(self) -> BaseException | None:
+        return self.job.exception()
+
+    def usage(self) -> JobUsage:
+        return self.job.usage()
+
+
+@runtime_checkable
+class SupportsSend(Protocol):
+    """A ``ChildJob`` that delivers messages to its running child (optional capability).
+
+    ``AsyncSubAgentExtension`` sends ``task_message`` (and ``extension.send``) through it; a job
+    without ``send`` makes the extension refuse messages to its children with an error that
+    names the runner. What the runner must do:
+
+    - in the parent, ``send(message)`` hands ``message`` (a JSON-compatible dict the extension
+      built: ``{"id": str, "text": str, "interrupt": bool}``) to the child, in order;
+    - where the child runs, pass ``run_child(spec, emit, receive)`` a ``receive`` coroutine
+      function that returns the next message, in the order sent (and raises ``EOFError``
+      once no more can come).
+
+    ``run_child`` does the rest (``zett_agent.runners._child_inbox``): it delivers each
+    message to the child's agent before its next model call, or steers its running request,
+    and confirms it with a ``{"kind": "message_delivered", "id": ...}`` event through ``emit``
+    (so through ``events()``). The extension counts a message delivered only on that event.
+    """
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """Hand ``message`` to the running child; return once it is on its way.
+
+        That is, queued for the child, not read by it.
+
+        May be called before the child started (the message waits for it) or only once it
+        runs, as the runner documents; the extension sends only after the child's first
+        event. Messages sent to a child that ends are discarded.
+
+        Raises:
+            RuntimeError: the child is not running (it ended or is being stopped); the
+                message was not sent.
+
+        Cancellation: a message whose ``send`` is cancelled may or may not have been sent.
+        """
+        ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A ``ChildJob`` whose runner counts the child's model tokens itself (optional).
+
+    For a child whose model calls the parent makes (brokered calls, ``_broker``), the parent
+    knows their usage, where otherwise only the child's own reports (``turn_finished``
+    events) say it. The extension's token budgets use these counts instead of the child's
+    reports when a job has them.
+    """
+
+    def tokens(self) -> tuple[int, int] | None:
+        """``(input_tokens, output_tokens)`` of the calls the runner made for the child.
+
+        ``None`` when it makes none (the child's reports are all there is).
+        """
+        ...
+
+    def on_tokens(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` (on the event loop) each time ``tokens()`` grew."""
         ...
 
 

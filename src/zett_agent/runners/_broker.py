@@ -51,6 +51,7 @@ from zett_agent.runners._broker_wire import (
     MAX_ID,
     TOPIC,
     BadRequest,
+    advance,
     decode_request_in_steps,
     encode_error,
     encode_event,
@@ -114,7 +115,9 @@ def _name(model: object) -> str:
 
 
 def pickle_brokered(obj: object) -> tuple[bytes, list[Model]]:
-    """``obj`` pickled with cloudpickle, each brokerable model in it (at any depth) replaced by
+    """Pickle an object with its brokerable models replaced.
+
+    ``obj`` pickled with cloudpickle, each brokerable model in it (at any depth) replaced by
     a ``BrokeredModel`` whose slot is its index in the returned list of real models.
 
     Raises what cloudpickle raises for an object it cannot pickle.
@@ -148,6 +151,11 @@ class Broker:
         self._notices: deque[dict[str, Any]] = deque()
         self._notifier: asyncio.Task[None] | None = None
         self._closed = False
+        #: the usage the models reported for the child's calls (its token budget trusts these)
+        self.input_tokens = 0
+        self.output_tokens = 0
+        #: called (on the loop) each time the counts above grew
+        self.on_usage: Callable[[], object] | None = None
         #: calls served (started), refused, and refusals dropped (more than MAX_NOTICES queued)
         self.calls = 0
         self.refused = 0
@@ -249,19 +257,21 @@ class Broker:
     async def _decode(
         self, call_id: int, steps: Generator[None, None, ModelRequest]
     ) -> ModelRequest | None:
-        """The rest of the request, checked a slice at a time (at most ``_SLICE`` seconds per
-        loop iteration, like the engine's own decoding); ``None`` once refused."""
+        """Decode the rest of a request, a slice at a time.
+
+        The rest of the request, checked a slice at a time (at most ``_SLICE`` seconds per
+        loop iteration, like the engine's own decoding); ``None`` once refused.
+        """
         deadline = time.perf_counter() + _SLICE
         while True:
             try:
-                next(steps)
-            except StopIteration as done:
-                request: ModelRequest = done.value
-                return request
+                request = advance(steps)
             except BadRequest as exc:
                 self.refused += 1
                 await self._send_error(call_id, ModelError(f"malformed request: {exc}"))
                 return None
+            if request is not None:
+                return request
             if time.perf_counter() > deadline:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + _SLICE
@@ -285,6 +295,8 @@ class Broker:
             completed = False
             try:
                 async for event in stream:
+                    if event.kind is ModelEventKind.COMPLETED:
+                        self._count(event)  # before the child has it: a budget acts first
                     if not await self._send(encode_event(call_id, event)):
                         return
                     if event.kind is ModelEventKind.COMPLETED:
@@ -315,9 +327,24 @@ class Broker:
                 ModelError(f"the parent's model failed ({type(exc).__name__}: {_short(str(exc))})"),
             )
 
+    def _count(self, event: Any) -> None:
+        usage = event.response.usage if event.response is not None else None
+        if usage is None:
+            return
+        self.input_tokens += max(0, int(usage.input_tokens))
+        self.output_tokens += max(0, int(usage.output_tokens))
+        if self.on_usage is not None:
+            try:
+                self.on_usage()
+            except Exception:
+                log.exception("a usage callback of the model broker raised; ignored")
+
     async def _send(self, answer: dict[str, Any]) -> bool:
-        """Send one answer (waiting while the child does not read); ``False`` once the child
-        can take none (it ended or is being killed: ``close()`` cancels its calls)."""
+        """Send one answer (waiting while the child does not read).
+
+        ``False`` once the child can take none (it ended or is being killed: ``close()`` cancels its
+        calls).
+        """
         try:
             await self._job.send(answer, topic=TOPIC)
         except RuntimeError:
@@ -368,8 +395,11 @@ class Broker:
     # -- the end ------------------------------------------------------------------------------
 
     def close(self, _job: object = None) -> None:
-        """Stop serving: cancel every open call (closing its provider request) and the
-        refusals still to send. Idempotent; usable as the job's done callback."""
+        """Stop serving.
+
+        Cancel every open call (closing its provider request) and the refusals still to send.
+        Idempotent; usable as the job's done callback.
+        """
         self._closed = True
         for task in list(self._calls.values()):
             task.cancel()
@@ -384,8 +414,11 @@ class Broker:
             on_idle(self)
 
     async def wait_closed(self) -> None:
-        """Return once every call task ended (after ``close()``): each provider request is
-        closed by then. Cancelling the caller leaves the tasks to end on their own."""
+        """Return once every call task ended (after ``close()``).
+
+        Each provider request is closed by then. Cancelling the caller leaves the tasks to end on
+        their own.
+        """
         tasks = [*self._calls.values()]
         if self._notifier is not None:
             tasks.append(self._notifier)
@@ -394,8 +427,11 @@ class Broker:
 
 
 def _short(value: object, limit: int = 80) -> str:
-    """A short quote of a value a child sent: never ``repr`` of a container (that would cost
-    the parent's loop time in the size of whatever the child made)."""
+    """A short quote of a value a child sent.
+
+    Never ``repr`` of a container (that would cost the parent's loop time in the size of whatever
+    the child made).
+    """
     if isinstance(value, str):
         return (
             repr(value)

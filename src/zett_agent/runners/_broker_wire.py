@@ -52,6 +52,7 @@ __all__ = [
     "KEY",
     "TOPIC",
     "BadRequest",
+    "advance",
     "decode_error",
     "decode_request",
     "decode_request_in_steps",
@@ -174,18 +175,31 @@ def decode_request(data: object) -> ModelRequest:
     bound; what is checked here is the shape. Raises ``BadRequest`` naming the first problem.
     """
     steps = decode_request_in_steps(data)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            request: ModelRequest = done.value
-            return request
+    while (request := advance(steps)) is None:
+        pass
+    return request
+
+
+def advance(steps: Generator[None, None, ModelRequest]) -> ModelRequest | None:
+    """Take one step of ``decode_request_in_steps``: the request once it is complete, else ``None``.
+
+    Raises ``BadRequest`` as the decoding does.
+    """
+    try:
+        next(steps)
+    except StopIteration as done:
+        request: ModelRequest = done.value
+        return request
+    return None
 
 
 def decode_request_in_steps(data: object, step: int = 256) -> Generator[None, None, ModelRequest]:
-    """``decode_request`` as a generator that yields after every ``step`` messages or tools
+    """Decode a request in steps.
+
+    ``decode_request`` as a generator that yields after every ``step`` messages or tools
     (and returns the request): the parent decodes a large request a slice at a time between
-    its other callbacks. The place of a problem is built only once one is found."""
+    its other callbacks. The place of a problem is built only once one is found.
+    """
     request = _object(data, "request", _REQUEST_KEYS)
     messages = request["messages"]
     if type(messages) is not list:

@@ -5,29 +5,95 @@ id, the prompt, and, only when the extension overrides ``_create_child``, the ex
 *class* and the picklable state its ``child_state()`` returned. The extension instance itself
 never leaves the parent: its tasks, runner, pool, locks and clients stay there.
 
-In the child, ``run_child`` builds the agent through ``_create_child`` (on a fresh instance of
-the extension class made without ``__init__``, holding only the ``child_state()``), runs the
-prompt, streams progress through the runner's ``emit`` and returns a JSON-compatible report.
-This module is imported by every child: keep it light.
+How the child's agent is built is the spec's own business, not the runner's: the spec carries
+a picklable ``build`` (a ``ChildBuild``) that the extension named when it made the spec. In
+the child, ``run_child`` calls it with the spec, a model that reports progress and ``emit``,
+and gets a ``ChildRun`` back; it runs that, hands it the parent's messages, streams progress
+through the runner's ``emit`` and returns a JSON-compatible report. This module knows only
+that protocol (it imports nothing of ``zett_agent.extensions``). It is imported by every
+child: keep it light.
 """
 
 from __future__ import annotations
 
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from zett_agent import _tracing
 from zett_agent._model import Model, ModelEvent, ModelEventKind, ModelRequest, RetryOptions
 from zett_agent._text import valid_text
 
-if TYPE_CHECKING:
-    from zett_agent.agent import Agent
-    from zett_agent.extensions._definition import SubAgentDefinition
-    from zett_agent.extensions._subagent import ChildAgentExtension
+__all__ = [
+    "ChildBuild",
+    "ChildDefinition",
+    "ChildRun",
+    "ChildSpec",
+    "ProgressModel",
+    "run_child",
+    "run_pickled_child",
+    "set_default_build",
+    "unpicklable_part",
+]
 
-__all__ = ["ChildSpec", "ProgressModel", "run_child", "run_pickled_child", "unpicklable_part"]
+
+class ChildDefinition(Protocol):
+    """What a runner reads of a spec's definition (a ``SubAgentDefinition``).
+
+    The runners use the name (in errors, for placement) and what ``unpicklable_part`` names;
+    the rest of the definition is the build's.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> Model | None: ...
+    @property
+    def tools(self) -> Sequence[Any]: ...
+    @property
+    def extensions(self) -> Sequence[Any]: ...
+    @property
+    def limits(self) -> Any: ...
+
+
+class ChildRun(Protocol):
+    """One child's agent, built where the child runs and ready to run its prompt.
+
+    ``take`` receives each message the parent sent (``ChildJob.send``), as ``run_child`` gets
+    it; ``run`` runs the spec's prompt and returns the report's text; ``close`` releases what
+    the child holds (its agent, the children it started), once, after ``run``.
+    """
+
+    def take(self, message: Any) -> None: ...
+    async def run(self) -> str: ...
+    async def close(self) -> None: ...
+
+
+class ChildBuild(Protocol):
+    """Builds a child where it runs: ``build(spec, model, emit)`` returns its ``ChildRun``.
+
+    ``model`` is the spec's model wrapped to report progress; ``emit`` sends events to the
+    parent. Carried by the spec (by reference: pickled with it), so it must be picklable.
+    """
+
+    def __call__(self, spec: ChildSpec, model: Model, emit: Callable[[Any], None]) -> ChildRun: ...
+
+
+#: the build of a spec that names none (one made by hand: ``ChildSpec(definition, ...)``);
+#: named by the module that defines the definitions, see ``set_default_build``
+_default_build: list[ChildBuild] = []
+
+
+def set_default_build(build: ChildBuild) -> None:
+    """Name the build a spec without ``build`` gets.
+
+    Called once by ``zett_agent.extensions._child_build`` as it is imported; the module of
+    every ``SubAgentDefinition`` imports it, so wherever a spec exists (the parent that made
+    it, the child that unpickled its definition) its default build is known.
+    """
+    _default_build[:] = [build]
 
 
 @dataclass(frozen=True)
@@ -48,20 +114,28 @@ class ChildSpec:
             is importable, by value (cloudpickle) when it lives in ``__main__``.
         state: What the extension's ``child_state()`` returned: the attributes ``self`` has
             inside ``_create_child`` in the child.
+        build: What builds the child's agent where it runs (internal; set by the extension
+            that makes the spec, see ``ChildBuild``); ``None``: the default build of a
+            definition, the one ``factory`` and ``state`` describe.
         broker: Broker the child's model calls (internal; set by whoever builds the spec):
             the runner ships the child keyless stand-ins for every brokerable model in the
             spec and makes their calls in the parent (see ``zett_agent.runners._broker``).
             ``ProcessRunner`` honours it, ``RayRunner`` refuses it, ``InProcessRunner``
             ignores it (its children share the parent's memory anyway).
+        trace: Set by the parent when it traces this child (internal; see
+            ``zett_agent._tracing.ChildTracing``): the W3C ``traceparent`` of the child's
+            ``invoke_agent`` span, whether it records, and the parent process's identity.
     """
 
-    definition: SubAgentDefinition
+    definition: ChildDefinition
     model: Model
     session_id: str
     prompt: str
-    factory: type[ChildAgentExtension] | None = None
+    factory: type | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
     broker: bool = False
+    trace: Mapping[str, Any] | None = None
+    build: ChildBuild | None = None
 
 
 class ProgressModel:
@@ -71,7 +145,14 @@ class ProgressModel:
     ``_create_child`` builds, as long as it uses the model it was given. Tool names the model
     made up are sent as valid Unicode (a lone surrogate replaced by U+FFFD): the engine refuses
     anything else, and the event is only progress.
+
+    While a response streams, an ``{"kind": "alive"}`` event goes to the parent at most once
+    per ``ALIVE_EVERY`` seconds: a sign of work for the parent's ``idle_seconds`` during a long
+    model call.
     """
+
+    #: seconds between two ``alive`` events of one streaming response
+    ALIVE_EVERY = 1.0
 
     def __init__(self, inner: Model, emit: Callable[[Any], None]) -> None:
         self.inner = inner
@@ -82,6 +163,7 @@ class ProgressModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         self._turn += 1
         self._emit({"kind": "turn_started", "turn": self._turn})
+        alive = time.monotonic() + self.ALIVE_EVERY
         async for event in self.inner.stream(request):
             if event.kind is ModelEventKind.COMPLETED and event.response is not None:
                 usage = event.response.usage
@@ -96,58 +178,93 @@ class ProgressModel:
                         "output_tokens": usage.output_tokens if usage else 0,
                     }
                 )
+            elif time.monotonic() >= alive:
+                self._emit({"kind": "alive"})
+                alive = time.monotonic() + self.ALIVE_EVERY
             yield event
 
 
-def build_agent(spec: ChildSpec, model: Model) -> Agent:
-    """Build the child's agent with ``_create_child``, as the spec says (runs in the child)."""
-    from zett_agent.extensions._subagent import ChildAgentExtension
+def _build_of(spec: ChildSpec) -> ChildBuild:
+    if spec.build is not None:
+        return spec.build
+    if not _default_build:
+        raise TypeError(
+            "this ChildSpec names no build and none is known: give it a "
+            "zett_agent.extensions.subagent.SubAgentDefinition"
+        )
+    return _default_build[0]
 
-    factory = spec.factory or ChildAgentExtension
-    builder = factory._child_instance(spec.state)
-    return builder._create_child(spec.definition, model=model, session_id=spec.session_id)
 
-
-async def run_child(spec: ChildSpec, emit: Callable[[Any], None] | None = None) -> dict[str, Any]:
+async def run_child(
+    spec: ChildSpec,
+    emit: Callable[[Any], None] | None = None,
+    receive: Callable[[], Awaitable[Any]] | None = None,
+) -> dict[str, Any]:
     """Build the child agent, run its prompt, return ``{"content": ..., "seconds": ...}``.
 
     The entry point every runner calls where the child runs. Progress events (JSON-compatible
     dicts) go to ``emit`` (default: ``zett_agent.process.emit``, the process pool's pipe).
+    ``receive`` returns the next message the parent sent the child (its ``ChildJob.send``);
+    each goes to the child's ``ChildInbox`` (``_child_inbox``), which delivers it before the
+    next model call and confirms it with an event. Default: the process pool's inbox when
+    ``emit`` is the default too, else no messages (a runner that delivers messages passes
+    its own ``receive``).
     The report is valid Unicode: a lone surrogate the child's model produced is replaced by
     U+FFFD, so the child's work reaches the parent (the engine refuses invalid Unicode).
-    Subagent extensions of the child (a child that starts children of its own) are closed
-    before it returns, so no grandchild outlives its parent's report.
+    The spec's build (``ChildBuild``) makes the child; what it holds (its agent, the
+    children a child started of its own) is closed before this returns, so no grandchild
+    outlives its parent's report.
 
     Raises whatever the child agent raises; a runner reports it to the parent as a failure
     (the process runner as ``JobFailed``).
     """
-    from zett_agent.agent import AgentRunConfig
+    import asyncio
+
+    from zett_agent.runners._child_inbox import receive_forever
 
     if emit is None:
         from zett_agent.process import emit as to_parent
 
         emit = to_parent
+        if receive is None:
+            receive = _pool_inbox
 
     started = time.monotonic()
     model = ProgressModel(spec.model, emit)
-    agent = build_agent(spec, model)
-    config = AgentRunConfig(session_id=spec.session_id)
-    if spec.definition.max_turns is not None:
-        config = AgentRunConfig(session_id=spec.session_id, max_turns=spec.definition.max_turns)
-    emit({"kind": "started"})
-    try:
-        result = await agent.run(spec.prompt, config=config)
-    finally:
-        await agent.close()
-        await _close_subagent_extensions(agent)
-    return {"content": valid_text(result.content), "seconds": time.monotonic() - started}
+    child = _build_of(spec)(spec, model, emit)
+    # spans go to the parent as events (or nowhere); the receiver's requests are traced too
+    with _tracing.ChildTracing(spec.trace, emit):
+        receiver = None
+        if receive is not None:
+            receiver = asyncio.get_running_loop().create_task(
+                receive_forever(receive, child.take), name="zett-agent-child-inbox"
+            )
+        emit({"kind": "started"})
+        try:
+            content = await child.run()
+        finally:
+            if receiver is not None:
+                receiver.cancel()
+                await asyncio.wait({receiver})
+            await child.close()
+    return {"content": valid_text(content), "seconds": time.monotonic() - started}
+
+
+async def _pool_inbox() -> Any:
+    from zett_agent.process._inbox import receive
+    from zett_agent.runners._child_inbox import MESSAGE_TOPIC
+
+    return await receive(MESSAGE_TOPIC)
 
 
 async def run_pickled_child(
     payload: bytes, emit: Callable[[Any], None] | None = None
 ) -> dict[str, Any]:
-    """``run_child`` on a spec the runner pickled itself (a brokered spec: its models were
-    replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker``)."""
+    """Run a child from a spec the runner pickled itself.
+
+    ``run_child`` on a spec the runner pickled itself (a brokered spec: its models were
+    replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker``).
+    """
     import cloudpickle
 
     from zett_agent.runners._standin import relay_from_here
@@ -157,14 +274,6 @@ async def run_pickled_child(
         raise TypeError(f"run_pickled_child() takes a pickled ChildSpec, got {type(spec).__name__}")
     relay_from_here()  # the children this child starts are brokered through its own broker
     return await run_child(spec, emit)
-
-
-async def _close_subagent_extensions(agent: Agent) -> None:
-    from zett_agent.extensions._subagent import ChildAgentExtension
-
-    for extension in agent.extensions:
-        if isinstance(extension, ChildAgentExtension):
-            await extension.close()
 
 
 # -- naming what cannot be pickled ------------------------------------------------------------
@@ -213,11 +322,16 @@ def _parts(spec: ChildSpec) -> Iterator[tuple[str, object]]:
     for index, extension in enumerate(definition.extensions):
         yield f"extensions[{index}] of {where} ({_describe(extension)})", extension
     yield f"the limits of {where}", definition.limits
+    if spec.build is not None:
+        yield f"the build of the spec ({_describe(spec.build)})", spec.build
 
 
 def _unpicklable_global(cls: type) -> str | None:
-    """``"the global 'metrics' used by X.task_finished"`` when a class pickled by value
-    refers to a module global that cannot be pickled."""
+    """Name the global that makes a class unpicklable.
+
+    ``"the global 'metrics' used by X.task_finished"`` when a class pickled by value
+    refers to a module global that cannot be pickled.
+    """
     import cloudpickle
 
     for klass in cls.__mro__:

@@ -41,6 +41,8 @@ class InProcessJob:
     def __init__(self, spec: ChildSpec, limits: ProcessLimits | None) -> None:
         self.pid: int | None = os.getpid()
         self._events: asyncio.Queue[Any] = asyncio.Queue()
+        #: the parent's messages, until the child's inbox takes them
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._timeout = limits.timeout if limits is not None else None
         self._task = asyncio.get_running_loop().create_task(
             self._run(spec), name=f"in-process-{spec.session_id}"
@@ -53,10 +55,10 @@ class InProcessJob:
 
     async def _run(self, spec: ChildSpec) -> dict[str, Any]:
         if self._timeout is None:
-            return await run_child(spec, self._events.put_nowait)
+            return await run_child(spec, self._events.put_nowait, self._inbox.get)
         try:
             async with asyncio.timeout(self._timeout):
-                return await run_child(spec, self._events.put_nowait)
+                return await run_child(spec, self._events.put_nowait, self._inbox.get)
         except TimeoutError as exc:
             raise JobTimeout(self._timeout) from exc
 
@@ -93,6 +95,15 @@ class InProcessJob:
         if error is not None:
             raise error
         return self._task.result()
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """Queue ``message`` for the child (it may not have started yet).
+
+        Raises ``RuntimeError`` once it ended.
+        """
+        if self._task.done():
+            raise RuntimeError(f"cannot send to {self!r}: it ended")
+        self._inbox.put_nowait(dict(message))
 
     async def cancel(self) -> None:
         self._task.cancel()

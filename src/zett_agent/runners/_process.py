@@ -8,9 +8,9 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from zett_agent._checks import check_flag, check_int, check_names, check_seconds
 from zett_agent.process import (
     JobStatus,
-    JobUsage,
     PoolClosed,
     ProcessError,
     ProcessJob,
@@ -18,7 +18,10 @@ from zett_agent.process import (
     ProcessPool,
     Sandbox,
 )
+from zett_agent.process._job import set_event_filter
+from zett_agent.runners._base import WrappedJob
 from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
+from zett_agent.runners._child_inbox import MESSAGE_TOPIC
 from zett_agent.runners._preload import RUNTIME_MODULES, excluded
 from zett_agent.runners._standin import relaying as _relaying
 
@@ -41,17 +44,20 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_CHILDREN = 256
 
 
-class ProcessChildJob:
+class ProcessChildJob(WrappedJob):
     """A child running in a pool process: the ``ChildJob`` view of a ``ProcessJob``.
 
     ``job`` is the underlying ``zett_agent.process.ProcessJob`` (its ``status``, ``limits``,
-    ``dropped_events``). While the job waits for a free process (the runner's
-    ``max_children`` are all in use), ``info()`` says so: ``{"waiting": "waiting for a
+    ``dropped_events``). ``send`` delivers ``task_message`` through the engine's host-to-job
+    messages, and a brokered child's ``tokens()`` are the parent's own counts. While the job
+    waits for a free process (the runner's ``max_children`` are all in use), ``info()`` says
+    so: ``{"waiting": "waiting for a
     process: 256 of 256 in use"}``. A brokered child's info has ``{"broker": {"calls": N,
     "refused": M}}``: the model calls the parent made for it, and the requests it refused.
     """
 
     __slots__ = ("_broker", "_grace", "_pool", "job")
+    job: ProcessJob
 
     def __init__(
         self, job: ProcessJob, pool: ProcessPool, grace: float | None, broker: Broker | None = None
@@ -64,35 +70,39 @@ class ProcessChildJob:
     def __repr__(self) -> str:
         return f"<ProcessChildJob {self.job!r}>"
 
-    @property
-    def pid(self) -> int | None:
-        return self.job.pid
-
     def events(self) -> AsyncIterator[Any]:
         return self.job.events()
 
-    def done(self) -> bool:
-        return self.job.done()
-
-    async def wait(self) -> None:
-        await self.job.wait()
-
-    def result(self) -> Any:
-        return self.job.result()
-
-    def exception(self) -> BaseException | None:
-        return self.job.exception()
-
     async def cancel(self) -> None:
-        """Kill the child's whole process tree; returns once every process is reaped (and,
-        for a brokered child, once the provider requests the parent made for it are closed)."""
+        """Kill the child's whole process tree.
+
+        Returns once every process is reaped (and, for a brokered child, once the provider requests
+        the parent made for it are closed).
+        """
         await self.job.cancel(grace=self._grace)
         if self._broker is not None:
             self._broker.close()
             await self._broker.wait_closed()
 
-    def usage(self) -> JobUsage:
-        return self.job.usage()
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """Send ``message`` to the child through the engine's host-to-job messages.
+
+        The child reads them with ``run_child``'s inbox. Raises ``RuntimeError`` unless the
+        job runs.
+        """
+        await self.job.send(dict(message), topic=MESSAGE_TOPIC)
+
+    def tokens(self) -> tuple[int, int] | None:
+        """The tokens of the model calls the parent made for a brokered child.
+
+        ``None`` for a child that calls its model itself.
+        """
+        broker = self._broker
+        return None if broker is None else (broker.input_tokens, broker.output_tokens)
+
+    def on_tokens(self, callback: Callable[[], object]) -> None:
+        if self._broker is not None:
+            self._broker.on_usage = callback
 
     def info(self) -> Mapping[str, Any]:
         pool = self._pool
@@ -115,8 +125,10 @@ _SHOWN = ("landlock_abi", "filesystem", "tcp", "scoped", "seccomp", "network", "
 
 
 def sandbox_entry(report: Mapping[str, Any]) -> dict[str, Any]:
-    """The task info's ``sandbox`` entry: what the child's worker enforced, what is missing
-    and, for a child that never ran, why."""
+    """The task info's ``sandbox`` entry.
+
+    What the child's worker enforced, what is missing and, for a child that never ran, why.
+    """
     entry = {key: report[key] for key in _SHOWN if key in report}
     if report.get("missing"):
         entry["missing"] = report["missing"]
@@ -126,8 +138,11 @@ def sandbox_entry(report: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _ExtensionPool(ProcessPool):
-    """The pool a ``ProcessRunner`` creates: when it is garbage collected unclosed, the
-    warning names the extension the user created, not a pool they never saw."""
+    """The pool a ``ProcessRunner`` creates.
+
+    When it is garbage collected unclosed, the warning names the extension the user created, not a
+    pool they never saw.
+    """
 
     owner = "ProcessRunner"
 
@@ -220,28 +235,27 @@ class ProcessRunner:
             )
         if max_children is None:
             max_children = DEFAULT_MAX_CHILDREN
-        if not isinstance(max_children, int) or isinstance(max_children, bool):
-            raise TypeError(f"max_children must be an int, got {max_children!r}")
-        if max_children < 1:
-            raise ValueError(f"max_children must be at least 1, got {max_children}")
-        if spare_processes is not None and spare_processes < 0:
-            raise ValueError(f"spare_processes must be >= 0, got {spare_processes}")
-        if nice is not None and (
-            isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
-        ):
-            raise ValueError(f"nice must be an int from 0 to 19, got {nice!r}")
-        if kill_grace is not None and not kill_grace >= 0:
-            raise ValueError(f"kill_grace must be >= 0 seconds, got {kill_grace!r}")
-        if isinstance(preload, str) or isinstance(preload_exclude, str):
-            raise TypeError("preload and preload_exclude take a list of module names, not a str")
-        if not isinstance(broker, bool):
-            raise TypeError(f"broker must be True or False, got {broker!r:.40}")
-        self.max_children = max_children
-        self.spare_processes = min(2, max_children) if spare_processes is None else spare_processes
-        self.kill_grace = kill_grace
-        self.preload = None if preload is None else tuple(preload)
-        self.preload_exclude = tuple(preload_exclude)
-        self.nice = 0 if nice is None else nice
+        self.max_children = check_int("ProcessRunner(max_children=...)", max_children, 1)
+        self.spare_processes = (
+            min(2, max_children)
+            if spare_processes is None
+            else check_int("ProcessRunner(spare_processes=...)", spare_processes, 0)
+        )
+        self.kill_grace = (
+            None
+            if kill_grace is None
+            else check_seconds("ProcessRunner(kill_grace=...)", kill_grace, high=3600)
+        )
+        self.preload = (
+            None
+            if preload is None
+            else check_names("ProcessRunner(preload=...)", preload, "module names")
+        )
+        self.preload_exclude = check_names(
+            "ProcessRunner(preload_exclude=...)", preload_exclude, "module names"
+        )
+        self.nice = 0 if nice is None else check_int("ProcessRunner(nice=...)", nice, 0, 19)
+        check_flag("ProcessRunner(broker=...)", broker)
         self.broker = broker
         self._shared = pool
         self._init_runtime()
@@ -314,8 +328,10 @@ class ProcessRunner:
         limits: ProcessLimits | None = None,
         sandbox: Sandbox | None = None,
     ) -> ProcessChildJob:
-        """Start ``run_child(spec)`` in a pool process; returns at once (after the pool's
-        first start). The child waits for a process if ``max_children`` are busy.
+        """Start ``run_child(spec)`` in a pool process.
+
+        Returns at once (after the pool's first start). The child waits for a process if
+        ``max_children`` are busy.
 
         A brokered child (``spec.broker``, ``broker=True``, a sandboxed child, or any child of a
         process that got its own models through a broker) is shipped with keyless stand-ins for
@@ -370,14 +386,17 @@ class ProcessRunner:
 
         broker = Broker(job, models, on_idle=self._brokers.discard)
         self._brokers.add(broker)
-        job._set_event_filter(broker.accept)
+        set_event_filter(job, broker.accept)
         job.add_done_callback(broker.close)  # every open call is cancelled: its request closes
         return broker
 
     async def close(self) -> None:
-        """Close the pool this runner created, killing whatever still runs in it (a shared
+        """Close the runner.
+
+        Close the pool this runner created, killing whatever still runs in it (a shared
         pool stays open), and wait until every provider request made for a brokered child is
-        closed. Idempotent. A pool still starting is waited for, then closed."""
+        closed. Idempotent. A pool still starting is waited for, then closed.
+        """
         self._closed = True
         if self._warming is not None:
             await asyncio.gather(self._warming, return_exceptions=True)

@@ -1,304 +1,225 @@
-"""The worker side of ``RayRunner``: what runs inside a Ray worker process for one child.
+"""The Ray task of one child: what runs in a Ray worker's main thread, and what it streams.
 
-Never imported by ``import zett_agent`` (only by ``zett_agent.runners.ray`` and by Ray
-workers). Stdlib only at import time; Ray itself is already loaded in a worker.
+Never imported by ``import zett_agent`` (by ``zett_agent.runners.ray`` and by Ray workers).
 
-One child is one Ray generator task, ``run_task``. Everything it yields is JSON text:
+The task hands the child to this Ray worker's pool (``_ray_node``) and passes on what the pool
+reports, as a Ray generator. Every item is ``str`` (one JSON object) or ``bytes`` (the
+engine's frames, see ``zett_agent.process._protocol``), in this order:
 
-- ``{"k": "start", "tree": ..., "node": ..., "crash": ..., "crash_ident": ...}`` first: where
-  the child runs and how its process tree is contained (``_ray_contain.enter``);
-- ``{"k": "e", "v": event}`` for each ``emit(event)``;
-- ``{"k": "u", "cpu": seconds, "rss": bytes}`` about once a second (usage while it runs);
-- then exactly one of ``{"k": "r", "v": result}``, ``{"k": "x", "t": type, "m": message,
-  "tb": traceback}`` (the function raised) or ``{"k": "lim", "limit": name, "value": limit}``,
-  with the final ``cpu`` and ``peak`` numbers.
+- ``{"k": "start", "node": NODE, "tree": TREE, "containment": INFO}``: where the child runs and
+  what contains it (``TREE``: this Ray worker's pid and start time, its pool's launcher's, the
+  pool's cgroup directory, the containment mode, the machine's ``views``), sent before the
+  child starts;
+- ``{"k": "inbox", "path": PATH, "key": KEY}``: the child's inbox on its node (``_ray_inbox``),
+  before anything of the child; never noted in the key-value store;
+- ``{"k": "pid", "pid": PID}`` once the child has its process; ``{"k": "sandbox", "v": ENTRY}``
+  once its sandbox is in place, before its code runs; ``{"k": "usage", "cpu": S, "rss": B}``
+  about once a second;
+- frames: each event, and the result (a ``result`` message with its usage numbers), encoded
+  again from what the pool decoded (so they passed the pool's budgets and checks), at most
+  ``RELAY_CHUNK`` bytes per item;
+- last ``{"k": "end", "error": RECORD | None, "gone": BOOL, "cpu": S, "peak": B}``: the
+  outcome (``None``: the result came before), and whether the child's tree was confirmed gone.
 
-The child's processes are contained from before it runs (a cgroup of the task's own, or a
-subreaper and a marker: see ``_ray_contain``); when the function returns or raises, whatever it
-left is killed before the outcome is reported.
+Cancel: ``ray.cancel(ref, force=False)`` raises ``KeyboardInterrupt`` in this thread (Ray trips
+SIGINT; its wakeup descriptor makes the wait here return at once). The task then has the pool
+kill the child's tree and returns without an item once that is confirmed: a stream that ends
+cleanly without ``end`` means "cancelled, and nothing of the child is left". If the kill cannot
+be confirmed in time, the ``KeyboardInterrupt`` goes on (Ray reports ``TaskCancelledError``)
+and the driver kills the tree from outside, with the tree it learned from ``start`` or from
+the note the task left in the cluster's key-value store before the child started.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import faulthandler
-import inspect
 import json
 import os
-import queue
-import resource
 import signal
-import tempfile
 import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator
-from typing import Any, cast
+from collections.abc import Iterator
+from typing import Any
 
-from zett_agent.runners import _ray_contain
+from zett_agent.process import ProcessLimits, Sandbox
+from zett_agent.process._encode import Encoder
+from zett_agent.process._protocol import HEADER
+from zett_agent.runners import _ray_node
 
-__all__ = ["emit", "run_task", "run_task_fresh", "run_task_reused"]
+__all__ = [
+    "KV_NAMESPACE",
+    "NESTED_ADDRESS",
+    "kv_key",
+    "prestart",
+    "run_task",
+    "run_task_fresh",
+]
 
-#: where a task notes its start in the cluster's key-value store
+#: where a task notes its tree in the cluster's key-value store
 KV_NAMESPACE = "zett_agent"
-#: events buffered in the worker before ``emit`` blocks (backpressure)
-MAX_BUFFERED_EVENTS = 1000
-#: seconds between two usage reports of a running child
-USAGE_PERIOD = 1.0
-
-_local = threading.local()
-_DONE = object()
-
-
-def emit(event: Any) -> None:
-    """Send a JSON-compatible progress event to the parent, from inside a ``RayRunner`` task.
-
-    Blocks while the worker holds ``MAX_BUFFERED_EVENTS`` unsent events. Raises ``TypeError``
-    for data that is not JSON-compatible and ``RuntimeError`` outside a ``RayRunner`` task.
-    """
-    sink = getattr(_local, "sink", None)
-    if sink is None:
-        raise RuntimeError("emit() works only inside a function run by RayRunner")
-    sink(event)
-
-
-class _ProcessEmitBridge:
-    """Stands in for the process engine's worker channel while a Ray task runs, so a child's
-    tool that calls ``zett_agent.process.emit`` (as the process runner documents) reaches the
-    parent on Ray too. Only ``message("event", ...)`` is ever called by ``emit``."""
-
-    def __init__(self, sink: Callable[[Any], None]) -> None:
-        self._sink = sink
-
-    def message(self, kind: str, value: Any, usage: Any = None) -> None:
-        self._sink(value)
-
-
-@contextlib.contextmanager
-def _process_emit(sink: Callable[[Any], None]) -> Iterator[None]:
-    from zett_agent.process import _worker
-
-    previous = _worker._channel
-    _worker._channel = cast(Any, _ProcessEmitBridge(sink))
-    try:
-        yield
-    finally:
-        _worker._channel = previous
+#: largest ``bytes`` item of the stream
+RELAY_CHUNK = 1 << 20
+#: seconds the task waits, after a cancel, for its child's tree to be confirmed gone
+CANCEL_WAIT = 10.0
+#: the environment variable that tells a child's own ``RayRunner`` which cluster it runs in
+NESTED_ADDRESS = "ZETT_AGENT_RAY_ADDRESS"
 
 
 def kv_key(token: str) -> str:
     return f"zett-ray/{token}"
 
 
-def _apply_limits(limits: dict[str, Any]) -> None:
-    """The same rlimits as the process engine, on top of what the Ray worker already uses.
-
-    A Ray worker maps hundreds of MiB (its runtime and the object store) and spent CPU seconds
-    starting up before the child runs: the limits count from that point.
-    """
-    if limits.get("memory_bytes") is not None:
-        with open("/proc/self/statm") as handle:
-            mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        cap = mapped + int(limits["memory_bytes"])
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    if limits.get("cpu_seconds") is not None:
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        spent = used.ru_utime + used.ru_stime
-        soft = int(spent + max(1, -(-float(limits["cpu_seconds"]) // 1))) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
-    if limits.get("max_open_files") is not None:
-        n = int(limits["max_open_files"])
-        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
-    if limits.get("env") is not None:
-        os.environ.clear()
-        os.environ.update(limits["env"])
-    if limits.get("cwd") is not None:
-        os.chdir(limits["cwd"])
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _dumps(kind: str, **fields: Any) -> str:
-    return json.dumps({"k": kind, **fields}, ensure_ascii=False, allow_nan=False)
+def _frames(kind: str, value: Any, usage: dict[str, Any] | None, max_bytes: int) -> Iterator[bytes]:
+    """The engine's frames of one message, joined into items of at most ``RELAY_CHUNK``."""
+    out: list[bytes] = []
+
+    def send(payload: bytes) -> None:
+        out.append(HEADER.pack(len(payload)) + payload)
+
+    def send_parts(size: int, parts: Any) -> None:
+        out.append(HEADER.pack(size) + b"".join(parts))
+
+    Encoder(send, max_bytes, send_parts=send_parts).message(kind, value, usage)
+    chunk: list[bytes] = []
+    size = 0
+    for frame in out:
+        if chunk and size + len(frame) > RELAY_CHUNK:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+        chunk.append(frame)
+        size += len(frame)
+    if chunk:
+        yield b"".join(chunk)
 
 
-class _Usage:
-    """CPU of the child (its cgroup's, or the worker's and its reaped children's) and RSS."""
+class _Interrupts:
+    """This thread's signal wakeup descriptor while the task runs (the main thread only)."""
 
-    def __init__(self, cgroup: str | None) -> None:
-        self._cgroup = cgroup
-        self._before = self._cpu_self()
-        self.peak = 0
+    def __init__(self) -> None:
+        self.fd = -1
+        self._write = -1
+        self._previous = -1
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.fd, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
 
-    def _cpu_self(self) -> float:
-        me = resource.getrusage(resource.RUSAGE_SELF)
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-    def cpu(self) -> float:
-        if self._cgroup is not None:
-            with contextlib.suppress(OSError, ValueError), open(f"{self._cgroup}/cpu.stat") as f:
-                for line in f:
-                    if line.startswith("usage_usec "):
-                        return int(line.split()[1]) / 1e6
-        return self._cpu_self() - self._before
-
-    def rss(self) -> int:
-        try:
-            with open("/proc/self/statm") as handle:
-                rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError):
-            return 0
-        self.peak = max(self.peak, rss)
-        return rss
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        signal.set_wakeup_fd(self._previous)
+        os.close(self.fd)
+        os.close(self._write)
+        self.fd = -1
 
 
 def run_task(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    limits: dict[str, Any],
+    payload: bytes,
+    brokered: bool,
+    limits: ProcessLimits,
+    sandbox: Sandbox | None,
+    models: list[Any] | None,
+    config: dict[str, Any],
     token: str,
-    pass_emit: bool,
-    containment: str = "auto",
-) -> Iterator[str]:
-    """The body of one Ray generator task: run ``fn`` and stream JSON text to the parent.
+) -> Iterator[str | bytes]:
+    """The body of one child's Ray generator task (see the module docstring).
 
-    ``fn`` runs in a thread of the worker (a coroutine function under ``asyncio.run``), so the
-    task can yield events while it works. With ``pass_emit`` it is called with ``emit=`` (the
-    subagent child's ``run_child(spec, emit)``); otherwise it may call ``emit()`` itself.
+    ``payload`` is what the pool's worker runs: ``run_pickled_child``'s pickled spec when
+    ``brokered`` (its brokerable models replaced by stand-ins; ``models`` are the real ones,
+    which this task uses to serve the child's calls), else the cloudpickled function, arguments
+    and keywords. Nothing of it is unpickled in this process.
     """
     import ray
     from ray.experimental import internal_kv
 
-    node = ray.get_runtime_context().get_node_id()
-    crash_file = os.path.join(tempfile.gettempdir(), f"zett-ray-{token}.crash")
-    crash = open(crash_file, "w")  # noqa: SIM115 (closed in finally)
-    xcpu = open(crash_file + ".xcpu", "w")  # noqa: SIM115 (closed in finally)
-    stat = os.fstat(crash.fileno())
-    tree: dict[str, Any] | None = None
-    # Where the task runs, in the cluster's key-value store before anything starts: a worker
-    # killed from here on (a cancel as it starts) may never deliver a message, and the parent
-    # must still find what it left (the sentinel, which then kills the tree) on this node.
-    internal_kv._internal_kv_put(
-        kv_key(token),
-        _dumps("node", node=node, views=_ray_contain.views()),
-        namespace=KV_NAMESPACE,
+    context = ray.get_runtime_context()
+    node = context.get_node_id()
+    # a child that starts children of its own on Ray joins this cluster (see RayRunner)
+    os.environ.setdefault(NESTED_ADDRESS, context.gcs_address)
+    node_config = _ray_node.NodeConfig(**config)
+    run = _ray_node.NodeRun(
+        _ray_node.host(), node_config, payload, limits, sandbox, models, brokered
     )
+    run.start()
+    interrupts = _Interrupts()
+    noted = keep_note = False
     try:
-        try:
-            _apply_limits(limits)  # first: the sentinel enter() starts needs little
-            tree = _ray_contain.enter(token, containment)
-        except Exception as error:
-            yield json.dumps(_failure(error))
+        for item in run.items(interrupts.fd):
+            kind = item[0]
+            if kind == "ready":
+                start = _dumps(
+                    {"k": "start", "node": node, "tree": item[1], "containment": item[2]}
+                )
+                # before the child starts: a worker that cannot report any more (stopped,
+                # killed) still left where its child ran
+                internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
+                noted = True
+                yield start
+                run.go()
+            elif kind == "event":
+                yield from _frames("event", item[1], None, node_config.max_frame_bytes)
+            elif kind == "result":
+                yield from _frames("result", item[1], item[2], node_config.max_frame_bytes)
+            elif kind == "inbox":
+                yield _dumps({"k": "inbox", "path": item[1], "key": item[2]})
+            elif kind == "pid":
+                yield _dumps({"k": "pid", "pid": item[1]})
+            elif kind == "sandbox":
+                yield _dumps({"k": "sandbox", "v": item[1]})
+            elif kind == "usage":
+                yield _dumps({"k": "usage", **item[1]})
+            elif kind == "end":
+                yield _dumps(item[1])
+    except KeyboardInterrupt:
+        # ray.cancel(force=False): kill the child; a clean end says its tree is gone
+        run.cancel()
+        if run.wait_end(CANCEL_WAIT):
             return
-        start = _dumps(
-            "start", tree=tree, node=node, crash=crash_file, crash_ident=[stat.st_dev, stat.st_ino]
-        )
-        # Also in the cluster's key-value store: a worker that dies at once may never deliver
-        # this message, and the parent still needs to know where the child ran.
-        internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
-        yield start
-        faulthandler.enable(file=crash, all_threads=True)
-        # SIGXCPU (the CPU rlimit) kills the worker; faulthandler notes it in a file of its own
-        faulthandler.register(signal.SIGXCPU, file=xcpu, chain=True)
-        yield from _supervise(fn, args, kwargs, limits, pass_emit, tree)
+        keep_note = noted  # the driver needs the tree to kill it from outside
+        raise
+    except GeneratorExit:
+        # Ray closed the stream (the interrupt came while Ray's own code ran): nothing can be
+        # sent any more, so the note says whether the tree is gone
+        run.cancel()
+        if noted:
+            gone = run.wait_end(CANCEL_WAIT)
+            with contextlib.suppress(Exception):
+                note = _dumps({"k": "cancelled", "gone": gone})
+                internal_kv._internal_kv_put(kv_key(token), note, namespace=KV_NAMESPACE)
+            keep_note = True
+        raise
     finally:
-        if tree is not None:
-            faulthandler.unregister(signal.SIGXCPU)
-            faulthandler.enable()  # back to stderr
-        with contextlib.suppress(Exception):
-            internal_kv._internal_kv_del(kv_key(token), namespace=KV_NAMESPACE)
-        for handle in (crash, xcpu):
-            handle.close()
-            with contextlib.suppress(OSError):
-                os.unlink(handle.name)
+        interrupts.close()
+        run.close()
+        if noted and not keep_note:
+            with contextlib.suppress(Exception):
+                internal_kv._internal_kv_del(kv_key(token), namespace=KV_NAMESPACE)
 
 
-def _supervise(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    limits: dict[str, Any],
-    pass_emit: bool,
-    tree: dict[str, Any],
-) -> Iterator[str]:
-    outbox: queue.Queue[Any] = queue.Queue(MAX_BUFFERED_EVENTS)
-    outcome: list[dict[str, Any]] = []
-    memory_limited = limits.get("memory_bytes") is not None
-    usage = _Usage(tree["cgroup"])
-
-    def sink(event: Any) -> None:
-        try:
-            line = _dumps("e", v=event)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"emit() takes JSON data (dicts with str keys, lists, str, ...): {error}"
-            ) from None
-        outbox.put(line)
-
-    def body() -> None:
-        _local.sink = sink
-        try:
-            call_kwargs = {**kwargs, "emit": sink} if pass_emit else kwargs
-            if inspect.iscoroutinefunction(fn):
-                value = asyncio.run(fn(*args, **call_kwargs))
-            else:
-                value = fn(*args, **call_kwargs)
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError) as error:
-                message = f"the result is not JSON-compatible: {error}"
-                outcome.append({"k": "x", "t": "TypeError", "m": message, "tb": ""})
-            else:
-                outcome.append({"k": "r", "v": value})
-        except MemoryError as error:
-            if memory_limited:
-                cap = limits["memory_bytes"]
-                outcome.append({"k": "lim", "limit": "memory_bytes", "value": cap})
-            else:
-                outcome.append(_failure(error))
-        except BaseException as error:
-            outcome.append(_failure(error))
-        finally:
-            _local.sink = None
-            outbox.put(_DONE)
-
-    worker = threading.Thread(target=body, name="zett-ray-child", daemon=True)
-    with _process_emit(sink):
-        worker.start()
-        next_usage = time.monotonic() + USAGE_PERIOD
-        while True:
-            try:
-                item = outbox.get(timeout=max(0.0, next_usage - time.monotonic()))
-            except queue.Empty:
-                next_usage = time.monotonic() + USAGE_PERIOD
-                yield json.dumps({"k": "u", "cpu": round(usage.cpu(), 6), "rss": usage.rss()})
-                continue
-            if item is _DONE:
-                break
-            yield item
-    cpu, rss = usage.cpu(), usage.rss()
-    _ray_contain.leave(tree)
-    yield json.dumps(
-        {**outcome[0], "cpu": round(cpu, 6), "rss": rss, "peak": usage.peak},
-        ensure_ascii=False,
-    )
-
-
-def run_task_fresh(*args: Any) -> Iterator[str]:
-    """``run_task`` registered with ``max_calls=1``: the worker exits after this child."""
+def run_task_fresh(*args: Any) -> Iterator[str | bytes]:
+    """``run_task`` registered with ``max_calls=1``: the Ray worker exits after this child."""
     yield from run_task(*args)
 
 
-def run_task_reused(*args: Any) -> Iterator[str]:
-    """``run_task`` registered for reusable workers (Ray's ``max_calls`` is per function)."""
-    yield from run_task(*args)
+def prestart(token: str, count: int, timeout: float) -> int:
+    """Hold this Ray worker until ``count`` tasks of ``token`` run, then return its pid.
 
+    ``RayRunner(prestart_workers=N)`` runs N of these at once, so Ray starts N workers (each
+    task holds its own until all run), which later children reuse. Bounded by ``timeout``
+    seconds (then it returns anyway).
+    """
+    import time
 
-def _failure(error: BaseException) -> dict[str, Any]:
-    kind = type(error)
-    name = kind.__qualname__
-    if kind.__module__ != "builtins":
-        name = f"{kind.__module__}.{name}"
-    text = "".join(traceback.format_exception(error))
-    return {"k": "x", "t": name, "m": str(error), "tb": text[-20000:]}
+    from ray.experimental import internal_kv
+
+    prefix = f"zett-prestart/{token}/"
+    internal_kv._internal_kv_put(f"{prefix}{os.getpid()}", b"1", namespace=KV_NAMESPACE)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE)) >= count:
+            break
+        time.sleep(0.05)  # a bounded wait for the others: no event to wait on across workers
+    return os.getpid()

@@ -38,9 +38,12 @@ _relaying = False
 
 
 def relaying() -> bool:
-    """Whether this process runs a brokered child (so the children it starts must be
+    """Whether this process runs a brokered child.
+
+    Whether this process runs a brokered child (so the children it starts must be
     brokered too, relaying through it). Set by ``run_pickled_child``, in the child only: a
-    stand-in unpickled anywhere else (a test, a copy) changes nothing."""
+    stand-in unpickled anywhere else (a test, a copy) changes nothing.
+    """
     return _relaying
 
 

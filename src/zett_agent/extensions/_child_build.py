@@ -1,0 +1,70 @@
+"""How a child's agent is built and run where the child runs: the build every spec carries.
+
+``build_child`` is the ``ChildBuild`` a subagent extension names in each ``ChildSpec`` it makes
+(and the default of a spec made by hand). ``run_child`` (``zett_agent.runners._child``) calls
+it in the child: it builds the agent with the extension class's ``_create_child`` (the spec's
+``factory``, or ``ChildAgentExtension``), registers the ``ChildInbox`` last, and returns a
+``ChildRun`` that runs the prompt, takes the parent's messages and closes what the child holds.
+The runner knows only that protocol; what an agent is stays here.
+
+Imported by every child (the module of every definition imports it): light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from zett_agent.extensions._child_inbox import ChildInbox, attach
+from zett_agent.runners._child import ChildSpec, set_default_build
+
+if TYPE_CHECKING:
+    from zett_agent._agent import Agent
+    from zett_agent._model import Model
+
+__all__ = ["AgentChildRun", "build_child"]
+
+
+class AgentChildRun:
+    """The ``ChildRun`` of an agent: its prompt, its run config and its inbox."""
+
+    def __init__(self, agent: Agent, spec: ChildSpec, emit: Callable[[Any], None]) -> None:
+        from zett_agent.agent import AgentRunConfig
+
+        config = AgentRunConfig(session_id=spec.session_id)
+        max_turns = getattr(spec.definition, "max_turns", None)
+        if max_turns is not None:
+            config = AgentRunConfig(session_id=spec.session_id, max_turns=max_turns)
+        self._agent = agent
+        self._config = config
+        self._prompt = spec.prompt
+        inbox = ChildInbox(agent, config, emit)
+        attach(agent, inbox)
+        self.take = inbox.take
+
+    async def run(self) -> str:
+        """Run the prompt; the report's text. Raises what the agent raises."""
+        result = await self._agent.run(self._prompt, config=self._config)
+        return result.content
+
+    async def close(self) -> None:
+        """Close the agent, then the subagent extensions of a child that started children."""
+        from zett_agent.extensions._subagent import ChildAgentExtension
+
+        await self._agent.close()
+        for extension in self._agent.extensions:
+            if isinstance(extension, ChildAgentExtension):
+                await extension.close()
+
+
+def build_child(spec: ChildSpec, model: Model, emit: Callable[[Any], None]) -> AgentChildRun:
+    """Build the child's agent with ``_create_child``, as the spec says (runs in the child).
+
+    Raises what ``_create_child`` raises.
+    """
+    from zett_agent.extensions._subagent import create_child
+
+    return AgentChildRun(create_child(spec, model), spec, emit)
+
+
+set_default_build(build_child)

@@ -1,0 +1,523 @@
+"""``TaskStore``: the background-task registry in a sqlite3 file, so it survives a restart.
+
+One store belongs to one live host at a time: opening it takes an exclusive ``flock`` on a
+lock file next to it (``PATH.lock``, which names the holder), held until ``close()`` or the
+process's death (the kernel drops it, even on SIGKILL). A second opener, in another process
+or this one, gets ``TaskStoreError`` naming the holder: a lock, never a silent share.
+
+The file is checked before anything is written to it: a file that is not a sqlite database,
+not a zett_agent task store, damaged, or written by a newer schema raises ``TaskStoreError``
+naming it, and nothing in it is changed. A new (or empty) file gets the schema, in WAL mode
+with ``synchronous=NORMAL``: a committed write survives the host's death (it is in the WAL
+file), and commits need no ``fsync`` (a power cut may lose the last ones).
+
+Reads happen once, when the store opens (the whole registry is in memory from then on).
+Writes happen in one background thread, never on the event loop: the loop only appends an
+operation to a queue (``insert``, ``update``, ``delete``...), and updates of one row that wait
+are merged into one. ``insert`` and ``flush`` return a future the loop may await for the
+commit. A write that fails is logged (once per kind of error) and the registry goes on in
+memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "StoredTask",
+    "TaskStore",
+    "TaskStoreError",
+]
+
+log = logging.getLogger(__name__)
+
+#: the schema this version writes and reads (``PRAGMA user_version``)
+SCHEMA_VERSION = 1
+#: ``PRAGMA application_id`` of a task store: "zett" in ASCII
+APPLICATION_ID = 0x7A657474
+#: operations written in one transaction at most
+_BATCH = 256
+
+_SCHEMA = """
+CREATE TABLE tasks (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent_session_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    subagent_type TEXT NOT NULL,
+    description TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    elapsed REAL,
+    output TEXT,
+    error TEXT,
+    turns INTEGER NOT NULL DEFAULT 0,
+    tool_calls INTEGER NOT NULL DEFAULT 0,
+    last_tool TEXT,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    progress TEXT,
+    messages TEXT,
+    lost INTEGER NOT NULL DEFAULT 0,
+    notice TEXT NOT NULL DEFAULT 'none',
+    UNIQUE (parent_session_id, task_id)
+);
+CREATE TABLE sessions (
+    parent_session_id TEXT PRIMARY KEY,
+    spent_tokens INTEGER NOT NULL
+);
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"""
+
+#: the columns ``update`` may set
+_COLUMNS = frozenset(
+    {
+        "status", "elapsed", "output", "error", "turns", "tool_calls", "last_tool",
+        "input_tokens", "output_tokens", "progress", "messages", "lost", "notice",
+    }
+)  # fmt: skip
+
+
+class TaskStoreError(Exception):
+    """A task store cannot be used.
+
+    It is held by another live host, damaged, not a task store, or written by a newer
+    version. The message names the file; nothing in it was changed.
+    """
+
+
+@dataclass
+class StoredTask:
+    """One task as the store keeps it (what ``AsyncSubAgentExtension`` restores)."""
+
+    parent_session_id: str
+    task_id: str
+    session_id: str
+    subagent_type: str
+    description: str
+    status: str
+    created_at: float
+    updated_at: float
+    elapsed: float | None
+    output: str | None
+    error: str | None
+    turns: int
+    tool_calls: int
+    last_tool: str | None
+    input_tokens: int
+    output_tokens: int
+    progress: dict[str, int] | None
+    messages: dict[str, Any] | None
+    lost: bool
+    notice: str
+
+
+#: the columns of a ``StoredTask``, in its order
+_ROW_FIELDS = tuple(StoredTask.__dataclass_fields__)
+
+
+class TaskStore:
+    """The task registry of one ``AsyncSubAgentExtension`` in a sqlite3 file.
+
+    ``AsyncSubAgentExtension(store=PATH)`` opens one; pass a ``TaskStore`` object instead to
+    open it (and see its errors) at a moment of your choosing. Opening reads the whole file
+    and takes the store's lock: it does file I/O in the calling thread, once.
+
+    A store serves one extension at a time; the extension flushes it in its ``close()`` and
+    closes it when it opened it from a path (a ``TaskStore`` you passed is yours to close).
+
+    Args:
+        path: The sqlite3 file (created if missing). Its directory must exist. The lock file
+            ``PATH.lock`` and sqlite's ``PATH-wal`` and ``PATH-shm`` live next to it.
+
+    Raises:
+        TaskStoreError: another live host (or another ``TaskStore`` of this process) holds
+            the store; the file is not a task store, is damaged, or has a newer schema; it
+            cannot be opened (a missing directory, no permission). Nothing is written then.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock_fd = _take_lock(self.path)
+        try:
+            self._db = _open(self.path)
+            try:
+                self.tasks, self.spent, self.counter = _load(self._db, self.path)
+            except BaseException:
+                self._db.close()
+                raise
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        #: the extension using this store (one at a time)
+        self.owner: object | None = None
+        self.closed = False
+        self._cond = threading.Condition()
+        self._ops: deque[tuple[Any, ...]] = deque()
+        #: merged column values of rows whose update op waits in ``_ops``
+        self._updates: dict[tuple[str, str], dict[str, Any]] = {}
+        self._spent_waiting: dict[str, int] = {}
+        self._closing = False
+        self._errors: set[str] = set()
+        self._thread = threading.Thread(
+            target=self._write_forever, name=f"zett-agent-task-store {self.path}", daemon=True
+        )
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<TaskStore {self.path!r}{' closed' if self.closed else ''}>"
+
+    # -- operations (from the event loop; each only appends to the queue) ---------------------
+
+    def insert(self, row: Mapping[str, Any]) -> asyncio.Future[None] | None:
+        """Store a new task (its row as ``task_row`` gives it, its number in ``counter``).
+
+        Returns a future of the commit when called in a running loop (it raises what the
+        write raised).
+        """
+        future = _future()
+        self._put(("insert", dict(row), future))
+        return future
+
+    def update(self, parent_session_id: str, task_id: str, **columns: Any) -> None:
+        """Set columns of a stored task (merged with updates of it still waiting)."""
+        unknown = columns.keys() - _COLUMNS
+        if unknown:
+            raise ValueError(f"unknown task store columns: {sorted(unknown)}")
+        key = (parent_session_id, task_id)
+        with self._cond:
+            waiting = self._updates.get(key)
+            if waiting is not None:
+                waiting.update(columns)
+                return
+            self._updates[key] = dict(columns)
+            self._ops.append(("update", key))
+            self._cond.notify()
+
+    def delete(self, parent_session_id: str, task_id: str) -> None:
+        self._put(("delete", parent_session_id, task_id))
+
+    def delete_session(self, parent_session_id: str) -> None:
+        """Forget every task of a session, and what it spent."""
+        self._put(("delete_session", parent_session_id))
+
+    def set_spent(self, parent_session_id: str, tokens: int) -> None:
+        """The tokens a session's tasks used so far (its ``session_token_budget``)."""
+        with self._cond:
+            waiting = parent_session_id in self._spent_waiting
+            self._spent_waiting[parent_session_id] = tokens
+            if not waiting:
+                self._ops.append(("spent", parent_session_id))
+                self._cond.notify()
+
+    def flush(self) -> asyncio.Future[None] | None:
+        """A future done once everything queued before it is written."""
+        future = _future()
+        self._put(("flush", future))
+        return future
+
+    def _put(self, op: tuple[Any, ...]) -> None:
+        with self._cond:
+            self._ops.append(op)
+            self._cond.notify()
+
+    async def close(self) -> None:
+        """Write what is queued, stop the writer thread, close the file, release the lock.
+
+        Idempotent. If the caller is cancelled, closing completes in the background.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        future = _future()
+        with self._cond:
+            self._closing = True
+            self._ops.append(("flush", future))
+            self._cond.notify()
+        if future is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(future)
+        self._thread.join()  # it returns right after the flush above
+        self._db.close()
+        os.close(self._lock_fd)
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _write_forever(self) -> None:
+        while True:
+            with self._cond:
+                while not self._ops and not self._closing:
+                    self._cond.wait()
+                if not self._ops:
+                    return
+                batch: list[tuple[Any, ...]] = []
+                while self._ops and len(batch) < _BATCH:
+                    op = self._ops.popleft()
+                    if op[0] == "update":
+                        op = ("update", op[1], self._updates.pop(op[1]))
+                    elif op[0] == "spent":
+                        op = ("spent", op[1], self._spent_waiting.pop(op[1]))
+                    batch.append(op)
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[Any, ...]]) -> None:
+        futures = [op[-1] for op in batch if op[0] in ("insert", "flush")]
+        error: BaseException | None = None
+        try:
+            now = time.time()
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                for op in batch:
+                    self._apply(db, op, now)
+                db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+        except Exception as exc:
+            error = TaskStoreError(f"task store {self.path}: a write failed: {exc}")
+            kind = type(exc).__name__ + str(exc)
+            if kind not in self._errors:
+                self._errors.add(kind)
+                log.error(
+                    "task store %s: a write failed; the registry goes on in memory: %s",
+                    self.path,
+                    exc,
+                )
+        for future in futures:
+            if future is not None:
+                _resolve(future, error)
+
+    @staticmethod
+    def _apply(db: sqlite3.Connection, op: tuple[Any, ...], now: float) -> None:
+        kind = op[0]
+        if kind == "insert":
+            row = dict(op[1], updated_at=now)
+            number = row.pop("number")
+            names = ", ".join(row)
+            marks = ", ".join("?" for _ in row)
+            db.execute(
+                f"INSERT OR REPLACE INTO tasks ({names}) VALUES ({marks})", list(row.values())
+            )
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES ('counter', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                (number,),
+            )
+        elif kind == "update":
+            (parent, task_id), columns = op[1], op[2]
+            columns = {k: _column(v) for k, v in columns.items()}
+            sets = ", ".join(f"{name} = ?" for name in columns)
+            db.execute(
+                f"UPDATE tasks SET {sets}, updated_at = ? "
+                "WHERE parent_session_id = ? AND task_id = ?",
+                [*columns.values(), now, parent, task_id],
+            )
+        elif kind == "delete":
+            db.execute(
+                "DELETE FROM tasks WHERE parent_session_id = ? AND task_id = ?", (op[1], op[2])
+            )
+        elif kind == "delete_session":
+            db.execute("DELETE FROM tasks WHERE parent_session_id = ?", (op[1],))
+            db.execute("DELETE FROM sessions WHERE parent_session_id = ?", (op[1],))
+        elif kind == "spent":
+            db.execute(
+                "INSERT INTO sessions (parent_session_id, spent_tokens) VALUES (?, ?) "
+                "ON CONFLICT (parent_session_id) "
+                "DO UPDATE SET spent_tokens = excluded.spent_tokens",
+                (op[1], _column(op[2])),
+            )
+
+
+#: what a sqlite INTEGER holds
+_INT64 = 2**63 - 1
+
+
+def _column(value: Any) -> Any:
+    """A column value: dicts and lists as JSON text, booleans as integers.
+
+    Ints are clamped to 64 bits: counts a child shaped must not make the write fail.
+    """
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return max(-_INT64, min(value, _INT64))
+    return value
+
+
+def _future() -> asyncio.Future[None] | None:
+    try:
+        return asyncio.get_running_loop().create_future()
+    except RuntimeError:
+        return None
+
+
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
+        future.get_loop().call_soon_threadsafe(settle)
+
+
+# -- opening --------------------------------------------------------------------------------
+
+
+def _take_lock(path: str) -> int:
+    lock_path = path + ".lock"
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise TaskStoreError(
+            f"cannot open the lock file of task store {path}: {exc.strerror} ({lock_path}); "
+            "check that its directory exists and is writable"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise TaskStoreError(
+            f"task store {path} is held by {holder}: one store serves one live host at a "
+            "time. Stop that host (the lock goes with it), or give this one a store file of "
+            "its own"
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        raise TaskStoreError(f"cannot lock task store {path}: {exc}") from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {time.time():.3f}\n".encode(), 0)
+    return fd
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it into the lock file."""
+    try:
+        pid_text, since = os.pread(fd, 100, 0).decode().split()
+        pid = int(pid_text)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since)))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "another live host"
+    if pid == os.getpid():
+        return f"another TaskStore of this process (opened {when}; close it first)"
+    return f"another live host (pid {pid}, since {when})"
+
+
+def _open(path: str) -> sqlite3.Connection:
+    try:
+        fresh = os.path.getsize(path) == 0
+    except FileNotFoundError:
+        fresh = True
+    except OSError as exc:
+        raise TaskStoreError(f"cannot open task store {path}: {exc.strerror}") from exc
+    try:
+        # autocommit: transactions are explicit; the writer thread is the only user later
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise TaskStoreError(f"cannot open task store {path}: {exc}") from exc
+    try:
+        _check(db, path, fresh)
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _check(db: sqlite3.Connection, path: str, fresh: bool) -> None:
+    """Refuse a file that is not ours, damaged or newer, before anything is written to it."""
+    try:
+        application_id = db.execute("PRAGMA application_id").fetchone()[0]
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        raise TaskStoreError(
+            f"{path} is not a readable task store ({exc}); it was left as it is. Move it "
+            "away, or choose another store path"
+        ) from exc
+    if fresh or (application_id == 0 and version == 0 and tables == 0):
+        try:
+            db.executescript(
+                f"BEGIN; {_SCHEMA} PRAGMA application_id = {APPLICATION_ID}; "
+                f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            )
+        except sqlite3.Error as exc:
+            raise TaskStoreError(f"cannot create task store {path}: {exc}") from exc
+        return
+    if application_id != APPLICATION_ID:
+        raise TaskStoreError(
+            f"{path} is a sqlite database but not a zett_agent task store (application_id "
+            f"{application_id:#x}); it was left as it is. Choose another store path"
+        )
+    if version > SCHEMA_VERSION:
+        raise TaskStoreError(
+            f"{path} was written by a newer zett_agent (task store schema {version}; this "
+            f"version reads schema {SCHEMA_VERSION} and older); it was left as it is. Upgrade "
+            "zett_agent, or choose another store path"
+        )
+    if version < 1:
+        raise TaskStoreError(
+            f"{path} is damaged (a task store without a schema version); it was left as it "
+            "is. Move it away, or choose another store path"
+        )
+
+
+def _load(db: sqlite3.Connection, path: str) -> tuple[list[StoredTask], dict[str, int], int]:
+    """Every stored task (oldest first), what each session spent, the last task number."""
+    try:
+        rows = db.execute(f"SELECT {', '.join(_ROW_FIELDS)} FROM tasks ORDER BY seq").fetchall()
+        spent = dict(db.execute("SELECT parent_session_id, spent_tokens FROM sessions"))
+        found = db.execute("SELECT value FROM meta WHERE key = 'counter'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise TaskStoreError(
+            f"{path} is damaged ({exc}); it was left as it is. Move it away, or choose "
+            "another store path"
+        ) from exc
+    tasks = []
+    try:
+        for row in rows:
+            fields = dict(zip(_ROW_FIELDS, row, strict=True))
+            fields["progress"] = _json(fields["progress"])
+            fields["messages"] = _json(fields["messages"])
+            fields["lost"] = bool(fields["lost"])
+            tasks.append(StoredTask(**fields))
+    except (TypeError, ValueError) as exc:
+        raise TaskStoreError(
+            f"{path} is damaged (a task row cannot be read: {exc}); it was left as it is"
+        ) from exc
+    return tasks, {str(k): int(v) for k, v in spent.items()}, int(found[0]) if found else 0
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
