@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,10 @@ async def test_a_running_child_is_stopped_by_its_run_not_by_rays_cancel(
     runner._driver.cancel = recorded  # type: ignore[method-assign]
     job = await runner.submit_function(kids.spin_with_tree, resources={"w1": 1})
     tree = await asyncio.wait_for(anext(job.events()), BOUND)
+    if not runner.kill_from_host and job.node_id is not None:
+        # the stop goes through the node's reaper: a reaper still starting may take longer
+        # than the stop's bound on a loaded machine (then Ray's cancel stands in, by design)
+        await asyncio.wait_for(runner._driver.reapers.prepare(job.node_id), BOUND)
     await asyncio.wait_for(job.cancel(), BOUND)
     assert isinstance(job.exception(), JobCancelled) and job.tree_gone
     assert [pid for pid in tree.values() if not gone(pid)] == []
@@ -174,6 +179,28 @@ async def test_supervisors_that_stop_answering_are_replaced_and_the_tree_dies(
         for pid in stopped:  # only ours: the reaper Ray was asked to kill, the killed worker
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_reaper_still_starting_is_kept_when_a_call_runs_out_of_its_callers_time(
+    ray_cluster: dict[str, Any],
+) -> None:
+    """A call with less time than a new reaper needs to start (a stop is bounded by a fraction
+    of the kill's budget) times out, but the reaper is not judged dead for it: the same one
+    starts, answers and serves the next call."""
+    runner = RayRunner(kill_from_host=False)
+    try:
+        await settle(await runner.submit_function(kids.tree_then_return, resources={"w1": 1}))
+        node = ray_cluster["nodes"]["w2"]  # no job of this runner ran there: no reaper yet
+        reapers = runner._driver.reapers
+        first = reapers.get(node)
+        with pytest.raises(TimeoutError):
+            await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + 0.01)
+        assert reapers.get(node) is first
+        await asyncio.wait_for(reapers.prepare(node), BOUND)
+        assert reapers.get(node) is first
+        assert await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + BOUND)
+    finally:
+        await asyncio.wait_for(runner.close(), BOUND)
 
 
 def test_the_parent_dying_leaves_no_process(ray_cluster: dict[str, Any], containment: str) -> None:

@@ -210,8 +210,19 @@ class Reapers:
                     if left <= 0:
                         raise TimeoutError
                     ref = getattr(actor, name).remote(*arguments)
-                    result = await asyncio.wait_for(_await(ref), min(left, allowed))
+                    try:
+                        result = await asyncio.wait_for(_await(ref), min(left, allowed))
+                    except TimeoutError:
+                        if left < allowed and id(actor) not in self._answered:
+                            # the caller's deadline came first while a new reaper starts: it
+                            # has not used its allowance, so it is kept for the next call
+                            raise _DeadlinePassed(node_id) from None
+                        raise
                     self._answered.add(id(actor))
+            except _DeadlinePassed:
+                raise TimeoutError(
+                    f"the reaper on node {node_id[:12]} did not answer before the deadline"
+                ) from None
             except (TimeoutError, rex.RayActorError, rex.ActorUnavailableError) as error:
                 log.info(
                     "the reaper on node %s did not answer (%r); a new one", node_id[:12], error
@@ -260,6 +271,10 @@ class Reapers:
         self._warming.clear()
         self._actors.clear()
         self._answered.clear()
+
+
+class _DeadlinePassed(Exception):
+    """A reaper call ran out of its caller's time before its reaper's own allowance."""
 
 
 async def _await(ref: Any) -> Any:
