@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from zett_agent import _tracing
 from zett_agent._checks import check_int, check_seconds, described
 from zett_agent.extensions._definition import SubAgentDefinition
 from zett_agent.extensions._store import TaskStore
 from zett_agent.extensions._subagent import ChildAgentExtension
 from zett_agent.extensions._task_guard import Chores, TaskGuard, observe
 from zett_agent.extensions._task_mail import TaskMail
-from zett_agent.extensions._task_messages import MessageRecord, MessageState
+from zett_agent.extensions._task_messages import MessageState
 from zett_agent.extensions._task_notices import TaskNotices, completion_text, stall_text
 from zett_agent.extensions._task_registry import TaskRegistry
+from zett_agent.extensions._task_start import TaskStarter
 from zett_agent.extensions._task_tools import (
     TaskAccess,
     distinct,
@@ -33,7 +32,6 @@ from zett_agent.extensions._tasks import (
     SubAgentTaskStatus,
     describe,
 )
-from zett_agent.runners._base import CountsTokens
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
@@ -220,6 +218,14 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         self._mail = TaskMail(self, self._registry, self._chores)
         self._notices = TaskNotices(self, self._registry)
         self._watcher = TaskWatch(self, self._registry, self._guard, self._notices)
+        self._starter = TaskStarter(
+            self._registry,
+            self._guard,
+            self._watcher,
+            number=self._next_number,
+            launch=self._launch,
+            closing=lambda: self._closing,
+        )
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
 
@@ -305,59 +311,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             )
         if not prompt.strip():
             raise ValueError("prompt is empty; give the task the full instructions to work on")
-        session = self._registry.admit(context.session_id, context.agent)
-        self._counter += 1
-        number = self._counter
-        task_id = f"task-{number}"
-        task = SubAgentTask(
-            task_id=task_id,
-            parent_session_id=context.session_id,
-            session_id=f"{context.session_id}/{task_id}",
-            subagent_type=definition.name,
-            description=description,
-            prompt=prompt,
-            token_budget=definition.token_budget,
-        )
-        # the slot is taken from here on, across the awaits below
-        with self._registry.starting(context.session_id, session):
-            # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
-            trace = _tracing.child_trace(definition.name, task_id, task.session_id, description)
-            started = False
-            try:
-                # stored before its child starts: a task the store cannot take never runs
-                await self._registry.insert(task, number)
-                self._warm_up(context.model)
-                spec = self._child_spec(
-                    context.model, definition, session_id=task.session_id, prompt=prompt
-                )
-                if trace is not None:
-                    spec = trace.ship(spec)
-                job = await self._submit(spec, definition)
-                if self._closing or session.released:  # closing began while the runner started
-                    await job.cancel()
-                    what = (
-                        "AsyncSubAgentExtension was closed"
-                        if self._closing
-                        else "this session was released (the agent that ran it was closed)"
-                    )
-                    raise RuntimeError(f"{what} while the task started; it did not start")
-                task.job = job
-                task.last_activity = time.monotonic()
-                session.add(task)
-                started = True
-            except BaseException as exc:
-                if trace is not None:
-                    trace.abandon(exc)
-                raise
-            finally:
-                if not started:
-                    self._registry.delete(task)
-        if isinstance(job, CountsTokens) and job.tokens() is not None:
-            task.trusted_tokens = True
-            job.on_tokens(lambda: self._guard.tokens_counted(task))
-        task.watcher = asyncio.get_running_loop().create_task(
-            self._watcher.watch(task, trace), name=f"zett-agent-{task_id}"
-        )
+        task = await self._starter.start(context, definition, description, prompt)
         await observe(self.task_started, task)
         return task
 
@@ -425,7 +379,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Cancellation: cancelling the caller cancels neither the task nor the message, which
         is still delivered.
         """
-        record = self._queue_message(task, text, interrupt)
+        record = self._mail.queue(task, text, interrupt)
         await record.settled.wait()
         if record.state is not MessageState.DELIVERED:
             raise ValueError(
@@ -433,10 +387,6 @@ class AsyncSubAgentExtension(ChildAgentExtension):
                 f"{record.message_id}; it was never delivered"
             )
         return record.message_id
-
-    def _queue_message(self, task: SubAgentTask, text: str, interrupt: bool) -> MessageRecord:
-        """Accept a message for a running task and start handing it over (``TaskMail``)."""
-        return self._mail.queue(task, text, interrupt)
 
     async def cancel(self, task: SubAgentTask) -> SubAgentTask:
         """Cancel a running task and wait for it to settle; a finished task is unchanged.
@@ -467,12 +417,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
     async def _close(self) -> None:
         # a start in flight sees ``_closing`` once its runner answered and cancels its child
-        await asyncio.gather(*(s.no_starts.wait() for s in list(self._registry.sessions.values())))
-        running = [t for s in self._registry.sessions.values() for t in s.running()]
-        if running:
-            await asyncio.gather(*(self.cancel(t) for t in running))
-        watchers = [t.watcher for s in self._registry.sessions.values() for t in s.tasks.values()]
-        await asyncio.gather(*(w for w in watchers if w is not None), return_exceptions=True)
+        await self._registry.stop_all(self.cancel)
         await self._chores.settle()
         try:
             await self._runner.close()

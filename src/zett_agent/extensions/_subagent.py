@@ -26,12 +26,13 @@ from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
     from zett_agent._model import Model
+    from zett_agent._span_relay import ChildTrace
     from zett_agent.agent import Agent, AgentRunContext
 
 # Attributes that live only where the extension runs; never pickled (see __getstate__).
 _RUNTIME_ONLY = (
     "_counter", "_closing", "_close_task", "_modules", "_registry", "_chores",
-    "_guard", "_mail", "_notices", "_watcher",
+    "_guard", "_mail", "_notices", "_watcher", "_starter",
 )  # fmt: skip
 
 
@@ -239,6 +240,31 @@ class ChildAgentExtension(Extension):
     def _sandbox(self, definition: SubAgentDefinition) -> Sandbox | None:
         return definition.sandbox or self.sandbox
 
+    def _next_number(self) -> int:
+        """The number of the next child this extension starts (1, 2, ...)."""
+        self._counter += 1
+        return self._counter
+
+    async def _launch(
+        self,
+        parent_model: Model,
+        definition: SubAgentDefinition,
+        *,
+        session_id: str,
+        prompt: str,
+        trace: ChildTrace | None,
+    ) -> ChildJob:
+        """Start one child on the runner: its spec (carrying ``trace`` when tracing), submitted.
+
+        Raises what ``_child_spec`` and the runner's ``submit`` raise (``TypeError`` for a
+        definition that cannot be shipped, naming the part).
+        """
+        self._warm_up(parent_model)
+        spec = self._child_spec(parent_model, definition, session_id=session_id, prompt=prompt)
+        if trace is not None:
+            spec = trace.ship(spec)
+        return await self._submit(spec, definition)
+
     async def _submit(self, spec: ChildSpec, definition: SubAgentDefinition) -> ChildJob:
         """Hand one child to the runner.
 
@@ -311,16 +337,13 @@ class SubAgentExtension(ChildAgentExtension):
         definition = self.definition(subagent_type)
         if not prompt.strip():
             raise ValueError("prompt is empty; give the subagent the full task to work on")
-        self._counter += 1
-        session_id = f"{context.session_id}/subagent-{self._counter}"
-        self._warm_up(context.model)
-        spec = self._child_spec(context.model, definition, session_id=session_id, prompt=prompt)
+        session_id = f"{context.session_id}/subagent-{self._next_number()}"
         # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
         trace = _tracing.child_trace(definition.name, session_id.rsplit("/", 1)[-1], session_id)
-        if trace is not None:
-            spec = trace.ship(spec)
         try:
-            job = await self._submit(spec, definition)
+            job = await self._launch(
+                context.model, definition, session_id=session_id, prompt=prompt, trace=trace
+            )
         except BaseException as exc:
             if trace is not None:
                 trace.abandon(exc)

@@ -222,6 +222,13 @@ class TaskRegistry:
         if released:
             await asyncio.gather(*(self._release(s, cancel) for s in released))
 
+    async def stop_all(self, cancel: Callable[[SubAgentTask], Awaitable[object]]) -> None:
+        """Cancel every session's running tasks with ``cancel`` and wait until each settled.
+
+        For the owner's ``close()``: the sessions stay (their records are what a store keeps).
+        """
+        await asyncio.gather(*(_stop(s, cancel) for s in list(self.sessions.values())))
+
     async def _release(
         self, session_id: str, cancel: Callable[[SubAgentTask], Awaitable[object]]
     ) -> None:
@@ -231,12 +238,7 @@ class TaskRegistry:
         session.released = True  # from here on no task starts in it
         self.idle.pop(session_id, None)
         try:
-            await session.no_starts.wait()  # a start in flight cancels its own child
-            running = session.running()
-            if running:
-                await asyncio.gather(*(cancel(t) for t in running))
-            watchers = [t.watcher for t in session.tasks.values() if t.watcher is not None]
-            await asyncio.gather(*watchers, return_exceptions=True)
+            await _stop(session, cancel)
         finally:
             if self.sessions.get(session_id) is session:
                 self.forget(session_id, RELEASED)
@@ -356,3 +358,17 @@ class TaskRegistry:
         """Queue a write of the task's progress columns (a no-op without a store)."""
         if self.store is not None:
             self.write(task, **progress_columns(task))
+
+
+async def _stop(session: SessionTasks, cancel: Callable[[SubAgentTask], Awaitable[object]]) -> None:
+    """Cancel a session's running tasks with ``cancel`` and wait for all its watchers.
+
+    Its starts in flight end first: each cancels its own child once its runner answered (the
+    owner is closing, or the session was released).
+    """
+    await session.no_starts.wait()
+    running = session.running()
+    if running:
+        await asyncio.gather(*(cancel(t) for t in running))
+    watchers = [t.watcher for t in session.tasks.values() if t.watcher is not None]
+    await asyncio.gather(*watchers, return_exceptions=True)
