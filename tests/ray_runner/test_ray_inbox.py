@@ -4,9 +4,13 @@ without Ray: what it takes, what it refuses, and that it delivers a retried mess
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import _inbox_jobs as jobs
 import cloudpickle
@@ -32,12 +36,13 @@ def message(ident: str, text: str = "hello") -> dict[str, object]:
     return {"id": ident, "text": text, "interrupt": False}
 
 
-async def test_the_inbox_hands_messages_to_the_job_once_and_refuses_the_rest() -> None:
+async def test_the_inbox_hands_messages_to_the_job_once_and_refuses_the_rest(
+    tmp_path: Path,
+) -> None:
     job: ProcessJob | None = None
-    inbox = NodeInbox(lambda: job)
+    inbox = NodeInbox(lambda: job, directory=str(tmp_path))
     await inbox.start()
     try:
-        assert os.stat(os.path.dirname(inbox.path)).st_mode & 0o777 == 0o700
         # before the job was submitted: nothing to hand it to
         with pytest.raises(RuntimeError, match="the child is not running"):
             await deliver(inbox.path, request_line(inbox.key, message("m0")), BOUND)
@@ -62,7 +67,7 @@ async def test_the_inbox_hands_messages_to_the_job_once_and_refuses_the_rest() -
                 await deliver(inbox.path, request_line(inbox.key, message("m3")), BOUND)
     finally:
         inbox.close()
-    assert not await asyncio.to_thread(os.path.exists, os.path.dirname(inbox.path))
+    assert not await asyncio.to_thread(os.path.exists, inbox.path)
     with pytest.raises(RuntimeError, match="cannot be reached"):
         await deliver(inbox.path, request_line(inbox.key, message("m4")), BOUND)
 
@@ -71,7 +76,7 @@ async def test_a_request_to_stop_is_taken_with_the_key_only_and_says_when_the_ru
     tmp_path: Path,
 ) -> None:
     stops: list[None] = []
-    inbox = NodeInbox(lambda: None, lambda: stops.append(None))
+    inbox = NodeInbox(lambda: None, lambda: stops.append(None), directory=str(tmp_path))
     await inbox.start()
     try:
         assert await stop_run(inbox.path, "0" * 32, BOUND) != "taken"
@@ -93,8 +98,8 @@ async def test_a_request_to_stop_is_taken_with_the_key_only_and_says_when_the_ru
         assert answer == "unanswered"
 
 
-async def test_the_inbox_serves_a_bounded_number_of_connections() -> None:
-    inbox = NodeInbox(lambda: None)
+async def test_the_inbox_serves_a_bounded_number_of_connections(tmp_path: Path) -> None:
+    inbox = NodeInbox(lambda: None, directory=str(tmp_path))
     await inbox.start()
     idle = []
     try:
@@ -109,3 +114,64 @@ async def test_the_inbox_serves_a_bounded_number_of_connections() -> None:
         for sock in idle:
             sock.close()
         inbox.close()
+
+
+_OPENS_AN_INBOX = """
+import asyncio, json, os, sys
+from zett_agent.runners import _ray_inbox
+
+async def main():
+    inbox = _ray_inbox.NodeInbox(lambda: None)
+    await inbox.start()
+    base = os.path.dirname(inbox.path)
+    print(json.dumps({"base": base, "mode": os.stat(base).st_mode & 0o777, "socket": inbox.path}))
+    sys.stdout.flush()
+    await asyncio.to_thread(sys.stdin.read)  # until the test closes it (or kills this process)
+    inbox.close()
+
+asyncio.run(main())
+"""
+
+
+def _opens_an_inbox(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A process (a Ray worker's stand-in) that opens an inbox in its directory of inboxes, made
+    in ``tmp_path`` (its temporary directory), and waits on its stdin."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _OPENS_AN_INBOX],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line, f"the process ended first: {process.wait(BOUND)}"
+    return process, json.loads(line)
+
+
+def test_a_killed_workers_inboxes_are_swept_and_a_live_ones_are_kept(tmp_path: Path) -> None:
+    """A Ray worker killed with SIGKILL cannot remove its directory of inboxes; its lock is then
+    free, and the next sweep removes it. A live worker's directory is never taken."""
+    process, opened = _opens_an_inbox(tmp_path)
+    try:
+        assert opened["mode"] == 0o700 and os.path.exists(opened["socket"])
+        _ray_inbox.sweep_stale(str(tmp_path))
+        assert os.path.exists(opened["socket"])  # its process lives: kept
+    finally:
+        process.kill()
+        process.wait(BOUND)
+        for stream in (process.stdin, process.stdout):
+            assert stream is not None
+            stream.close()
+    assert os.path.exists(opened["base"])  # killed outright: nothing of it could remove it
+    _ray_inbox.sweep_stale(str(tmp_path))
+    assert not os.path.exists(opened["base"])
+
+
+def test_a_worker_that_exits_removes_its_inboxes(tmp_path: Path) -> None:
+    process, opened = _opens_an_inbox(tmp_path)
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.close()
+    assert process.wait(BOUND) == 0
+    process.stdout.close()
+    assert not os.path.exists(opened["base"])

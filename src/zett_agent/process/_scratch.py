@@ -32,14 +32,15 @@ _LOCK = ".lock"
 
 
 class Base:
-    """One pool's base directory.
+    """One pool's base directory (or, with another ``prefix``, any directory of one process's).
 
     ``close`` releases its lock (the directory is removed by the janitor with ``remove_tree``).
+    ``mode`` is the directory's: 0711 lets each job's account reach its own directory inside.
     """
 
-    def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix=PREFIX)
-        os.chmod(self.path, 0o711)
+    def __init__(self, prefix: str = PREFIX, mode: int = 0o711) -> None:
+        self.path = tempfile.mkdtemp(prefix=prefix)
+        os.chmod(self.path, mode)
         # locked under another name, then renamed: a sweeping pool never finds a lock file
         # that exists but is not held yet
         staging = os.path.join(self.path, ".lock-new")
@@ -59,15 +60,15 @@ class Base:
             self._fd = -1
 
 
-def stale_bases(directory: str | None = None) -> list[str]:
+def stale_bases(directory: str | None = None, prefix: str = PREFIX) -> list[str]:
     """Base directories in ``directory`` (default: the temporary directory) whose pool is gone.
 
-    Their lock is not held. Only those owned by this process's user.
+    Their lock is not held. Only those owned by this process's user, named ``prefix...``.
     """
     directory = directory or tempfile.gettempdir()
     found = []
     try:
-        names = [name for name in os.listdir(directory) if name.startswith(PREFIX)]
+        names = [name for name in os.listdir(directory) if name.startswith(prefix)]
     except OSError:
         return []
     for name in names:

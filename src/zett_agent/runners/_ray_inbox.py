@@ -1,14 +1,14 @@
 """The channel of ``task_message`` into a Ray child: a Unix socket its node run opens.
 
-A Ray task cannot be called while it runs, so each child's run on its node (``_ray_node``)
-opens a Unix socket, ``NodeInbox``, in a private directory of its own (mode 0700), and tells
-the driver its path and a random key in the stream (the ``inbox`` record, which is never
-written to the cluster's key-value store). The driver reaches it directly when the node is
-its own machine, else through the node's reaper actor (``_ray_kill.Reaper.send``), which runs
-on that node. Each message is one connection: one line, ``{"key": KEY, "message": MESSAGE}``,
-answered by one line, ``{"ok": true}`` or ``{"ok": false, "error": TEXT}``. The inbox hands
-the message to the child's ``ProcessJob.send`` (the engine's host-to-job messages, read by the
-child's inbox, ``_child_inbox``), and the child's confirmation comes back as an event through
+A Ray task cannot be called while it runs, so each child's run on its node (``_ray_node``) opens a
+Unix socket, ``NodeInbox``, in its Ray worker's private directory of inboxes (mode 0700,
+``inbox_base``), and tells the driver its path and a random key in the stream (the ``inbox``
+record, which is never written to the cluster's key-value store). The driver reaches it directly
+when the node is its own machine, else through the node's reaper actor (``_ray_kill.Reaper.send``),
+which runs on that node. Each message is one connection: one line, ``{"key": KEY, "message":
+MESSAGE}``, answered by one line, ``{"ok": true}`` or ``{"ok": false, "error": TEXT}``. The inbox
+hands the message to the child's ``ProcessJob.send`` (the engine's host-to-job messages, read by
+the child's inbox, ``_child_inbox``), and the child's confirmation comes back as an event through
 the run's stream, as every event does.
 
 Bounded, since whoever reaches the socket may be hostile (a child that found it): a line of
@@ -28,25 +28,31 @@ or the run said it ended: the run closes its inbox when it ends, so the task is 
 own, or its Ray worker died, which Ray reports; either way nothing is to be cancelled); or
 ``"unanswered"`` (no answer in time: the Ray worker is stopped or stuck).
 
+A Ray worker's directory of inboxes is locked (``flock``) for as long as the worker lives, as a
+pool's scratch base is (``process._scratch``). A worker that dies without removing it (Ray's
+forced cancel, a crash: SIGKILL) leaves it behind with its lock free; the next Ray worker on the
+machine to open an inbox removes such directories, in a thread of its own, within
+``SWEEP_SECONDS`` (``sweep_stale``).
+
 Stdlib and the engine only (no Ray): the node's Ray worker and the reaper import it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hmac
 import json
 import os
 import secrets
-import shutil
 import socket
-import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from zett_agent.process import ProcessJob
+from zett_agent.process import ProcessJob, _scratch
 from zett_agent.runners._child_inbox import MESSAGE_TOPIC
 
 __all__ = [
@@ -55,9 +61,11 @@ __all__ = [
     "NodeInbox",
     "deliver",
     "deliver_blocking",
+    "inbox_base",
     "request_line",
     "stop_run",
     "stop_run_blocking",
+    "sweep_stale",
 ]
 
 #: what ``stop_run`` answers (see the module docstring)
@@ -73,6 +81,53 @@ MAX_CONNECTIONS = 8
 CONNECTION_TIMEOUT = 10.0
 #: message ids an inbox remembers, to deliver a retried message once
 MAX_REMEMBERED = 1024
+#: the name of a Ray worker's directory of inboxes, in the temporary directory
+INBOX_PREFIX = "zett-ray-inbox-"
+#: seconds one sweep of dead workers' directories of inboxes may take
+SWEEP_SECONDS = 2.0
+
+_base: _scratch.Base | None = None
+_base_lock = threading.Lock()
+
+
+def inbox_base() -> _scratch.Base:
+    """This process's directory of inboxes: made on first use, locked while the process lives.
+
+    Making it starts one ``sweep_stale`` in a daemon thread, so the directories that Ray workers
+    killed before they could remove theirs go as soon as another worker opens an inbox. The
+    directory is removed at the interpreter's exit (a worker killed outright leaves it to the
+    next sweep).
+    """
+    global _base
+    with _base_lock:
+        if _base is None:
+            _base = _scratch.Base(prefix=INBOX_PREFIX, mode=0o700)
+            atexit.register(_remove_base, _base)
+            threading.Thread(target=sweep_stale, name="zett-ray-inbox-sweep", daemon=True).start()
+        return _base
+
+
+def _remove_base(base: _scratch.Base) -> None:
+    _scratch.remove_tree(base.path)
+    base.close()
+
+
+def sweep_stale(directory: str | None = None, seconds: float = SWEEP_SECONDS) -> None:
+    """Remove the directories of inboxes whose process is gone (their lock is free).
+
+    Looks in ``directory`` (default: the temporary directory), at this user's only; stops after
+    ``seconds`` whatever is left (what a dead worker's children put there is theirs to size).
+    Never follows a symlink and never recurses (``_scratch.remove_tree``). Never raises.
+    """
+    deadline = time.monotonic() + seconds
+
+    def late() -> bool:
+        return time.monotonic() > deadline
+
+    with contextlib.suppress(OSError):
+        for path in _scratch.stale_bases(directory, prefix=INBOX_PREFIX):
+            if late() or not _scratch.remove_tree(path, late):
+                return
 
 
 def request_line(key: str, message: Any) -> bytes:
@@ -199,27 +254,32 @@ class NodeInbox:
     """One child's inbox on its node: a Unix socket served on the node's event loop.
 
     ``job()`` returns the child's job once it was submitted (``None`` before); ``stop()``
-    stops the child's run (called on the node's loop, idempotent). Created and closed on the
-    node's loop; ``close`` is idempotent and removes the socket and its directory. Messages
+    stops the child's run (called on the node's loop, idempotent). The socket is made in
+    ``directory`` (default: this process's ``inbox_base()``). Created and closed on the
+    node's loop; ``close`` is idempotent and removes the socket. Messages
     that come after the job ended, or before it was submitted, are answered with an error
     (the driver reports them undelivered).
     """
 
     def __init__(
-        self, job: Callable[[], ProcessJob | None], stop: Callable[[], None] = lambda: None
+        self,
+        job: Callable[[], ProcessJob | None],
+        stop: Callable[[], None] = lambda: None,
+        directory: str | None = None,
     ) -> None:
         self._job = job
         self._stop = stop
         self.key = secrets.token_hex(16)
-        self._dir = tempfile.mkdtemp(prefix="zett-ray-inbox-")  # 0700: this user only
-        self.path = os.path.join(self._dir, "s")
+        # default: this process's directory of inboxes, mode 0700 (this user only)
+        directory = directory if directory is not None else inbox_base().path
+        self.path = os.path.join(directory, secrets.token_hex(8))
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._seen: set[str] = set()
         self._closed = False
 
     async def start(self) -> None:
-        """Listen; ``OSError`` if the socket cannot be made (the directory is removed)."""
+        """Listen; ``OSError`` if the socket cannot be made (nothing is left of it)."""
         try:
             self._server = await asyncio.start_unix_server(
                 self._serve, self.path, limit=MAX_LINE + 1
@@ -229,7 +289,7 @@ class NodeInbox:
             raise
 
     def close(self) -> None:
-        """Stop listening, cut the connections under way, remove the socket and its directory."""
+        """Stop listening, cut the connections under way, remove the socket."""
         if self._closed:
             return
         self._closed = True
@@ -237,7 +297,8 @@ class NodeInbox:
             self._server.close()
         for writer in self._writers:
             writer.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._writers) >= MAX_CONNECTIONS or self._closed:
