@@ -187,6 +187,32 @@ def test_a_removal_stops_when_asked(tmp_path: Path) -> None:
     assert _scratch.remove_tree(str(scratch))
 
 
+def test_a_sweep_neither_hangs_on_nor_takes_a_lock_file_a_job_planted(tmp_path: Path) -> None:
+    """A job of the same account can make directories named like a pool's base: one whose lock
+    file is a FIFO (an open() for reading would wait for a writer for good, in the janitor),
+    a symlink to a free lock, or a directory. None is judged stale; the real stale base is."""
+    real = tmp_path / "real-lock"
+    real.touch()
+    for kind in ("fifo", "link", "dir"):
+        base = tmp_path / f"{_scratch.PREFIX}{kind}"
+        base.mkdir()
+        lock = base / ".lock"
+        if kind == "fifo":
+            os.mkfifo(lock)
+        elif kind == "link":
+            lock.symlink_to(real)
+        else:
+            lock.mkdir()
+    dead = _scratch.Base()
+    dead.close()
+    try:
+        moved = tmp_path / os.path.basename(dead.path)
+        os.rename(dead.path, moved)
+        assert _scratch.stale_bases(str(tmp_path)) == [str(moved)]
+    finally:
+        _scratch.remove_tree(dead.path)
+
+
 def test_a_base_whose_pool_is_gone_is_found_stale(tmp_path: Path) -> None:
     live = _scratch.Base()
     dead = _scratch.Base()

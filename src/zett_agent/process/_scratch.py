@@ -77,10 +77,14 @@ def stale_bases(directory: str | None = None, prefix: str = PREFIX) -> list[str]
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 continue
-            fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO planted as the lock file must not hold the sweep in open()
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(os.path.join(path, _LOCK), flags)
         except OSError:
             continue  # no lock file (yet, or any more): not ours to judge
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # not a lock a pool made: not ours to judge
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             continue  # held: its pool lives
