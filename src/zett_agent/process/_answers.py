@@ -17,6 +17,7 @@ from ._channel import Channel
 from ._errors import ProtocolError
 from ._job import JobStatus
 from ._outcome import failure_error
+from ._owned import OwnedSocket
 from ._reaping import Reaper
 from ._sandbox import SandboxUnavailable
 from ._supervised import Worker, WorkerState
@@ -49,7 +50,7 @@ class WorkerEvents(Reaper):
             for fd in fds:
                 os.close(fd)
             return
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fds[0])
+        sock = OwnedSocket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fds[0])
         pid = int(message["pid"])
         tree = containment.adopt(pid, fds[1], str(message.get("cg", "")))
         worker = Worker(pid, tree, launcher)

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import _scan
 from ._launcher import CONTROL_FD
+from ._owned import owned
 
 __all__ = ["LauncherHandle"]
 
@@ -75,7 +76,7 @@ class LauncherHandle:
             child_sock.close()
             if extra is not None:
                 os.close(extra)
-        self.sock = host_sock
+        self.sock = owned(host_sock)
         self.sock.setblocking(False)
         try:
             self.pidfd = os.pidfd_open(self.pid)
