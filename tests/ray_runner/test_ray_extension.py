@@ -27,7 +27,7 @@ from support.children import (
     TwoMarksThenReport,
 )
 from support.liveness import gone
-from support.parent import run_parent
+from support.parent import run_parent, until_running
 from support.scripted_models import ToolsThenAnswer, tool_results
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
@@ -47,12 +47,10 @@ async def test_task_cancel_kills_a_never_yielding_child_and_task_info_names_its_
 
     async def until_spinning() -> str:
         tree.update(await beacons.next())
-        # the child's beacon can overtake Ray's stream, which tells the host where it runs;
-        # the job has no event for that, so it is looked at every few milliseconds
+        # the child's beacon can overtake Ray's stream, which tells the parent where it runs
+        # and then brings the child's first event (the task reads running from then on)
         [task] = extension.tasks("parent")
-        async with asyncio.timeout(BOUND):
-            while task.job is None or task.job.pid is None:  # noqa: ASYNC110
-                await asyncio.sleep(0.005)
+        await until_running(task, guard=BOUND)
         return "spinning"
 
     async with AsyncSubAgentExtension([spinner], runner=runner) as extension:
