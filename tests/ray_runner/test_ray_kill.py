@@ -22,6 +22,7 @@ from support.containment import CONTAINMENTS
 from support.liveness import gone
 from support.ray_cluster import driver
 from zett_agent.process import JobCancelled, WorkerCrashed
+from zett_agent.runners import _ray_cluster
 from zett_agent.runners.ray import RayRunner
 
 pytestmark = pytest.mark.ray
@@ -201,6 +202,38 @@ async def test_a_reaper_still_starting_is_kept_when_a_call_runs_out_of_its_calle
         assert await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + BOUND)
     finally:
         await asyncio.wait_for(runner.close(), BOUND)
+
+
+async def test_a_new_reaper_that_never_answers_is_replaced_once_its_start_allowance_is_used(
+    ray_cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a child can stop a reaper (below Linux 6.12), it may stop one that has not answered
+    yet: it is kept only while within its start allowance, counted from when it was made, and
+    judged dead after that, even by calls with less time than the allowance."""
+    monkeypatch.setattr(_ray_cluster, "REAPER_START", 1.0)
+    monkeypatch.setattr(_ray_cluster, "REAPER_ANSWER", 0.5)
+    runner = RayRunner(kill_from_host=False)
+    stopped: list[int] = []
+    try:
+        await settle(await runner.submit_function(kids.tree_then_return, resources={"w1": 1}))
+        node = ray_cluster["nodes"]["w2"]  # no job of this runner ran there: no reaper yet
+        reapers = runner._driver.reapers
+        first = reapers.get(node)
+        pid = await asyncio.wait_for(first.pid.remote(), BOUND)  # started (not through call)
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+        with pytest.raises(TimeoutError):
+            await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + 0.1)
+        assert reapers.get(node) is first  # within its allowance: kept
+        await asyncio.sleep(1.5)  # the allowance (1.0 + 0.5 s here) runs out
+        with contextlib.suppress(TimeoutError):
+            await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + 0.1)
+        assert reapers.get(node) is not first  # judged dead, replaced
+    finally:
+        await asyncio.wait_for(runner.close(), BOUND)
+        for pid in stopped:  # Ray was asked to kill it; make sure, since it was stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_parent_dying_leaves_no_process(ray_cluster: dict[str, Any], containment: str) -> None:

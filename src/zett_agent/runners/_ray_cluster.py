@@ -163,6 +163,8 @@ class Reapers:
         self._actors: dict[tuple[str, str], Any] = {}
         #: the reapers that answered once (a new one is given time to start first)
         self._answered: set[int] = set()
+        #: when each reaper not yet answered was made: its start allowance runs from then
+        self._born: dict[int, float] = {}
         self._remote: Any = None
         self._warming: dict[str, asyncio.Task[None]] = {}
 
@@ -180,6 +182,7 @@ class Reapers:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote()
             self._actors[key] = actor
+            self._born[id(actor)] = time.monotonic()
         return actor
 
     async def call(
@@ -213,12 +216,14 @@ class Reapers:
                     try:
                         result = await asyncio.wait_for(_await(ref), min(left, allowed))
                     except TimeoutError:
-                        if left < allowed and id(actor) not in self._answered:
-                            # the caller's deadline came first while a new reaper starts: it
-                            # has not used its allowance, so it is kept for the next call
+                        if left < allowed and self._starting(actor):
+                            # the caller's deadline came first while a new reaper is within its
+                            # start allowance (counted from when it was made): kept for the
+                            # next call; one that never answers is judged once that is used
                             raise _DeadlinePassed(node_id) from None
                         raise
                     self._answered.add(id(actor))
+                    self._born.pop(id(actor), None)
             except _DeadlinePassed:
                 raise TimeoutError(
                     f"the reaper on node {node_id[:12]} did not answer before the deadline"
@@ -250,8 +255,14 @@ class Reapers:
         with contextlib.suppress(Exception):
             await self.call(node_id, "ping", budget=0.0, deadline=deadline)
 
+    def _starting(self, actor: Any) -> bool:
+        """Whether ``actor`` never answered yet and is still within its start allowance."""
+        born = self._born.get(id(actor))
+        return born is not None and time.monotonic() - born < REAPER_START + REAPER_ANSWER
+
     def _drop(self, actor: Any) -> None:
         self._answered.discard(id(actor))
+        self._born.pop(id(actor), None)
         for key, known in list(self._actors.items()):
             if known is actor:
                 del self._actors[key]
@@ -271,6 +282,7 @@ class Reapers:
         self._warming.clear()
         self._actors.clear()
         self._answered.clear()
+        self._born.clear()
 
 
 class _DeadlinePassed(Exception):
