@@ -210,8 +210,6 @@ async def test_a_new_reaper_that_never_answers_is_replaced_once_its_start_allowa
     """Where a child can stop a reaper (below Linux 6.12), it may stop one that has not answered
     yet: it is kept only while within its start allowance, counted from when it was made, and
     judged dead after that, even by calls with less time than the allowance."""
-    monkeypatch.setattr(_ray_cluster, "REAPER_START", 1.0)
-    monkeypatch.setattr(_ray_cluster, "REAPER_ANSWER", 0.5)
     runner = RayRunner(kill_from_host=False)
     stopped: list[int] = []
     try:
@@ -224,8 +222,11 @@ async def test_a_new_reaper_that_never_answers_is_replaced_once_its_start_allowa
         stopped.append(pid)
         with pytest.raises(TimeoutError):
             await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + 0.1)
-        assert reapers.get(node) is first  # within its allowance: kept
-        await asyncio.sleep(1.5)  # the allowance (1.0 + 0.5 s here) runs out
+        assert reapers.get(node) is first  # within its allowance (20 + 3 s): kept
+        # an allowance of 0.5 s from here on, used up once the reaper is older than that
+        monkeypatch.setattr(_ray_cluster, "REAPER_START", 0.0)
+        monkeypatch.setattr(_ray_cluster, "REAPER_ANSWER", 0.5)
+        await asyncio.sleep(0.6)
         with contextlib.suppress(TimeoutError):
             await reapers.call(node, "ping", budget=0.0, deadline=time.monotonic() + 0.1)
         assert reapers.get(node) is not first  # judged dead, replaced
