@@ -8,17 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from zett_agent import process
 from zett_agent._text import valid_text
-from zett_agent.process import (
-    JobCancelled,
-    JobFailed,
-    JobTimeout,
-    LimitExceeded,
-    PoolClosed,
-    ProcessError,
-    ProtocolError,
-    WorkerCrashed,
-)
 
 #: longest failure reason shown to the model
 MAX_REASON = 500
@@ -31,9 +22,9 @@ def failure_reason(error: BaseException) -> str:
     example) names that cause instead of an exit status nobody can act on.
     """
     match error:
-        case JobFailed():
+        case process.JobFailed():
             text = f"the child agent raised {error.type_name}: {error.message}"
-        case WorkerCrashed():
+        case process.WorkerCrashed():
             why = getattr(error, "reason", None)  # set by engines that know why it was lost
             if error.signal_name:
                 text = f"the child process was killed by {error.signal_name}"
@@ -45,17 +36,17 @@ def failure_reason(error: BaseException) -> str:
                 text = "the child process was lost before reporting (its exit status is unknown)"
             if error.__cause__ is not None and not why:
                 text += f": {_cause(error.__cause__)}"
-        case JobTimeout():
+        case process.JobTimeout():
             text = f"the child ran out of time (timeout={error.timeout:g}s)"
-        case LimitExceeded():
+        case process.LimitExceeded():
             text = _limit(error)
-        case ProtocolError():
+        case process.ProtocolError():
             text = f"the child sent invalid data and was killed: {error.reason}"
-        case PoolClosed():
+        case process.PoolClosed():
             text = "the extension was closed before the child finished"
-        case JobCancelled():
+        case process.JobCancelled():
             text = "cancelled"
-        case ProcessError():
+        case process.ProcessError():
             text = str(error)
             if error.__cause__ is not None:
                 text += f": {_cause(error.__cause__)}"
@@ -66,10 +57,10 @@ def failure_reason(error: BaseException) -> str:
 
 def _cause(cause: BaseException) -> str:
     text = str(cause) or type(cause).__name__
-    return text if isinstance(cause, ProcessError) else f"{type(cause).__name__}: {text}"
+    return text if isinstance(cause, process.ProcessError) else f"{type(cause).__name__}: {text}"
 
 
-def _limit(error: LimitExceeded) -> str:
+def _limit(error: process.LimitExceeded) -> str:
     if error.limit == "memory_bytes":
         reached = f"; peak resident memory {_bytes(error.reached)}" if error.reached else ""
         return (

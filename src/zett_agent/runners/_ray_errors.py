@@ -13,17 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zett_agent.process import (
-    JobCancelled,
-    JobFailed,
-    JobTimeout,
-    LimitExceeded,
-    PoolClosed,
-    ProcessError,
-    ProtocolError,
-    SandboxUnavailable,
-    WorkerCrashed,
-)
+from zett_agent import process
 
 __all__ = ["NodeLost", "decode_error", "encode_error", "first_line"]
 
@@ -33,7 +23,7 @@ MAX_TEXT = 20_000
 MAX_NAMES = 32
 
 
-class NodeLost(ProcessError):
+class NodeLost(process.ProcessError):
     """The Ray node running the child died or left the cluster (or the whole cluster went away).
 
     Attributes:
@@ -66,19 +56,19 @@ def first_line(error: BaseException) -> str:
 
 def encode_error(error: BaseException) -> dict[str, Any]:
     """The record of one of the engine's errors (any other exception: a ``JobFailed`` of it)."""
-    if isinstance(error, JobFailed):
+    if isinstance(error, process.JobFailed):
         return {"c": "JobFailed", "a": [error.type_name, error.message, error.traceback_text]}
-    if isinstance(error, WorkerCrashed):
+    if isinstance(error, process.WorkerCrashed):
         return {"c": "WorkerCrashed", "a": [error.exitcode, error.signal_name, error.reason]}
-    if isinstance(error, LimitExceeded):
+    if isinstance(error, process.LimitExceeded):
         return {"c": "LimitExceeded", "a": [error.limit, error.value, error.reached]}
-    if isinstance(error, JobTimeout):
+    if isinstance(error, process.JobTimeout):
         return {"c": "JobTimeout", "a": [error.timeout]}
-    if isinstance(error, ProtocolError):
+    if isinstance(error, process.ProtocolError):
         return {"c": "ProtocolError", "a": [error.reason]}
-    if isinstance(error, SandboxUnavailable):
+    if isinstance(error, process.SandboxUnavailable):
         return {"c": "SandboxUnavailable", "a": [str(error), list(error.missing)]}
-    for kind in (JobCancelled, PoolClosed, NodeLost, ProcessError):
+    for kind in (process.JobCancelled, process.PoolClosed, NodeLost, process.ProcessError):
         if type(error) is kind:
             if kind is NodeLost:
                 assert isinstance(error, NodeLost)
@@ -112,40 +102,44 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def decode_error(record: object) -> ProcessError:
+def decode_error(record: object) -> process.ProcessError:
     """The error a record names; a ``ProtocolError`` for one that is malformed. Never raises.
 
     Every field is checked for its type and every text cut to ``MAX_TEXT`` characters, so a
     record costs the driver a bounded amount of work and memory whatever it holds.
     """
     if not isinstance(record, dict) or not isinstance(record.get("a"), list):
-        return ProtocolError("the Ray task sent a malformed error record")
+        return process.ProtocolError("the Ray task sent a malformed error record")
     kind, args = record.get("c"), list(record["a"])[:4]
     args += [None] * (4 - len(args))
     if kind == "JobFailed":
-        return JobFailed(_head(args[0], "Exception")[:300], _head(args[1]), _text(args[2]))
+        return process.JobFailed(_head(args[0], "Exception")[:300], _head(args[1]), _text(args[2]))
     if kind == "WorkerCrashed":
         signal_name = _optional_text(args[1])
-        return WorkerCrashed(
+        return process.WorkerCrashed(
             _int(args[0]), signal_name and signal_name[:40], _optional_text(args[2])
         )
     if kind == "LimitExceeded":
         value = _number(args[1])
         if isinstance(args[0], str) and value is not None:
-            return LimitExceeded(args[0][:40], value, _number(args[2]))
+            return process.LimitExceeded(args[0][:40], value, _number(args[2]))
     elif kind == "JobTimeout":
         timeout = _number(args[0])
         if timeout is not None:
-            return JobTimeout(timeout)
+            return process.JobTimeout(timeout)
     elif kind == "ProtocolError":
-        return ProtocolError(_head(args[0], "a malformed frame"))
+        return process.ProtocolError(_head(args[0], "a malformed frame"))
     elif kind == "SandboxUnavailable":
         names = args[1] if isinstance(args[1], list) else []
         missing = [name[:40] for name in names[:MAX_NAMES] if isinstance(name, str)]
-        return SandboxUnavailable(_head(args[0], "the sandbox could not be enforced"), missing)
+        return process.SandboxUnavailable(
+            _head(args[0], "the sandbox could not be enforced"), missing
+        )
     elif kind == "NodeLost":
         return NodeLost(_optional_text(args[0]), _head(args[1]))
     elif kind in ("JobCancelled", "PoolClosed", "ProcessError"):
-        cls = {"JobCancelled": JobCancelled, "PoolClosed": PoolClosed}.get(kind, ProcessError)
+        cls = {"JobCancelled": process.JobCancelled, "PoolClosed": process.PoolClosed}.get(
+            kind, process.ProcessError
+        )
         return cls(_head(args[0], "the child was stopped"))
-    return ProtocolError(f"the Ray task sent an error record of unknown kind {kind!r:.60}")
+    return process.ProtocolError(f"the Ray task sent an error record of unknown kind {kind!r:.60}")
