@@ -16,20 +16,13 @@ from typing import TYPE_CHECKING
 
 from zett_agent import _tracing
 from zett_agent._events import ModelTextDeltaEvent
-from zett_agent._model import (
-    Model,
-    ModelError,
-    ModelEvent,
-    ModelEventKind,
-    ModelRequest,
-    ModelResponse,
-    RetryOptions,
-)
+from zett_agent._model import ModelError, ModelEvent, ModelEventKind, RetryOptions
 from zett_agent.extensions._base import closing_stream
 
 if TYPE_CHECKING:
     from zett_agent._context import AgentRunContext
     from zett_agent._hooks import Hooks
+    from zett_agent._model import Model, ModelRequest, ModelResponse
     from zett_agent._run import RunState
     from zett_agent.extensions._base import Extension
 

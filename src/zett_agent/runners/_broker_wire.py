@@ -26,12 +26,11 @@ This module is imported by brokered children: it imports only the runtime's data
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zett_agent._messages import (
     AgentMessage,
     AssistantMessage,
-    Message,
     ToolCall,
     ToolMessage,
     ToolStatus,
@@ -47,6 +46,9 @@ from zett_agent._model import (
     TransientModelError,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from zett_agent._messages import Message
 
 __all__ = [
     "KEY",

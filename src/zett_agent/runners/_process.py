@@ -9,15 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import check_flag, check_int, check_names, check_seconds
-from zett_agent.process import (
-    JobStatus,
-    PoolClosed,
-    ProcessError,
-    ProcessJob,
-    ProcessLimits,
-    ProcessPool,
-    Sandbox,
-)
+from zett_agent.process import JobStatus, PoolClosed, ProcessError, ProcessPool
 from zett_agent.process._job import set_event_filter
 from zett_agent.runners._base import WrappedJob
 from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
@@ -26,6 +18,7 @@ from zett_agent.runners._preload import RUNTIME_MODULES, excluded
 from zett_agent.runners._standin import relaying as _relaying
 
 if TYPE_CHECKING:
+    from zett_agent.process import ProcessJob, ProcessLimits, Sandbox
     from zett_agent.runners._broker import Broker
 
 __all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner"]

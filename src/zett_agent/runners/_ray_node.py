@@ -28,21 +28,17 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zett_agent.process import (
-    PoolClosed,
-    ProcessError,
-    ProcessJob,
-    ProcessLimits,
-    ProcessPool,
-    Sandbox,
-)
+from zett_agent.process import PoolClosed, ProcessError, ProcessPool
 from zett_agent.process._job import set_event_filter
 from zett_agent.runners._preload import RUNTIME_MODULES
 from zett_agent.runners._ray_errors import encode_error
 from zett_agent.runners._ray_inbox import NodeInbox
 from zett_agent.runners._ray_views import process_start, views
+
+if TYPE_CHECKING:
+    from zett_agent.process import ProcessJob, ProcessLimits, Sandbox
 
 __all__ = ["NodeConfig", "NodeHost", "NodeRun", "host", "run_payload"]
 
