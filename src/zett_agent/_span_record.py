@@ -162,13 +162,7 @@ class _Unrecorded:
     def set_attributes(self, attributes: Attributes) -> None:
         pass
 
-    def end(
-        self,
-        *,
-        error: str | None = None,
-        error_type: str | None = None,
-        end_ns: int | None = None,
-    ) -> None:
+    def end(self, **_: object) -> None:
         pass
 
     @contextmanager

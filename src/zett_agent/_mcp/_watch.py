@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from zett_agent.runners._base import WrappedJob
 
 if TYPE_CHECKING:
-    from zett_agent.process import ProcessLimits, Sandbox
     from zett_agent.runners import ChildRunner
     from zett_agent.runners._base import ChildJob
     from zett_agent.runners._child import ChildSpec
@@ -66,17 +65,9 @@ class BellRunner:
     def warm_up(self, modules: Iterable[str] = ()) -> None:
         self.inner.warm_up(modules)
 
-    async def submit(
-        self,
-        spec: ChildSpec,
-        *,
-        limits: ProcessLimits | None = None,
-        sandbox: Sandbox | None = None,
-    ) -> ChildJob:
-        if sandbox is None:  # as the extension calls a runner: sandbox only when there is one
-            job = await self.inner.submit(spec, limits=limits)
-        else:
-            job = await self.inner.submit(spec, limits=limits, sandbox=sandbox)
+    async def submit(self, spec: ChildSpec, **options: Any) -> ChildJob:
+        # the caller's options pass through as given: a sandbox only when there is one
+        job = await self.inner.submit(spec, **options)
         return _BellJob(job, spec.session_id, self._bells)
 
     async def close(self) -> None:
