@@ -5,11 +5,10 @@ lock file next to it (``PATH.lock``, which names the holder), held until ``close
 process's death (the kernel drops it, even on SIGKILL). A second opener, in another process
 or this one, gets ``TaskStoreError`` naming the holder: a lock, never a silent share.
 
-The file is checked before anything is written to it: a file that is not a sqlite database,
-not a zett_agent task store, damaged, or written by a newer schema raises ``TaskStoreError``
-naming it, and nothing in it is changed. A new (or empty) file gets the schema, in WAL mode
-with ``synchronous=NORMAL``: a committed write survives the host's death (it is in the WAL
-file), and commits need no ``fsync`` (a power cut may lose the last ones).
+The file is checked before anything is written to it (``_store_file``: its schema, lock and
+opening). A new (or empty) file gets the schema, in WAL mode with ``synchronous=NORMAL``: a
+committed write survives the host's death (it is in the WAL file), and commits need no
+``fsync`` (a power cut may lose the last ones).
 
 Reads happen once, when the store opens (the whole registry is in memory from then on).
 Writes happen in one background thread, never on the event loop: the loop only appends an
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -32,8 +30,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from zett_agent.extensions._store_file import (
+    SCHEMA_VERSION,
+    StoredTask,
+    TaskStoreError,
+    load,
+    open_db,
+    take_lock,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -44,47 +50,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: the schema this version writes and reads (``PRAGMA user_version``)
-SCHEMA_VERSION = 1
-#: ``PRAGMA application_id`` of a task store: "zett" in ASCII
-APPLICATION_ID = 0x7A657474
 #: operations written in one transaction at most
 _BATCH = 256
-
-_SCHEMA = """
-CREATE TABLE tasks (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    parent_session_id TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    subagent_type TEXT NOT NULL,
-    description TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    elapsed REAL,
-    output TEXT,
-    error TEXT,
-    turns INTEGER NOT NULL DEFAULT 0,
-    tool_calls INTEGER NOT NULL DEFAULT 0,
-    last_tool TEXT,
-    input_tokens INTEGER NOT NULL DEFAULT 0,
-    output_tokens INTEGER NOT NULL DEFAULT 0,
-    progress TEXT,
-    messages TEXT,
-    lost INTEGER NOT NULL DEFAULT 0,
-    notice TEXT NOT NULL DEFAULT 'none',
-    UNIQUE (parent_session_id, task_id)
-);
-CREATE TABLE sessions (
-    parent_session_id TEXT PRIMARY KEY,
-    spent_tokens INTEGER NOT NULL
-);
-CREATE TABLE meta (
-    key TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
-);
-"""
 
 #: the columns ``update`` may set
 _COLUMNS = frozenset(
@@ -93,44 +60,6 @@ _COLUMNS = frozenset(
         "input_tokens", "output_tokens", "progress", "messages", "lost", "notice",
     }
 )  # fmt: skip
-
-
-class TaskStoreError(Exception):
-    """A task store cannot be used.
-
-    It is held by another live host, damaged, not a task store, or written by a newer
-    version. The message names the file; nothing in it was changed.
-    """
-
-
-@dataclass
-class StoredTask:
-    """One task as the store keeps it (what ``AsyncSubAgentExtension`` restores)."""
-
-    parent_session_id: str
-    task_id: str
-    session_id: str
-    subagent_type: str
-    description: str
-    status: str
-    created_at: float
-    updated_at: float
-    elapsed: float | None
-    output: str | None
-    error: str | None
-    turns: int
-    tool_calls: int
-    last_tool: str | None
-    input_tokens: int
-    output_tokens: int
-    progress: dict[str, int] | None
-    messages: dict[str, Any] | None
-    lost: bool
-    notice: str
-
-
-#: the columns of a ``StoredTask``, in its order
-_ROW_FIELDS = tuple(StoredTask.__dataclass_fields__)
 
 
 class TaskStore:
@@ -155,11 +84,11 @@ class TaskStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._lock_fd = _take_lock(self.path)
+        self._lock_fd = take_lock(self.path)
         try:
-            self._db = _open(self.path)
+            self._db = open_db(self.path)
             try:
-                self.tasks, self.spent, self.counter = _load(self._db, self.path)
+                self.tasks, self.spent, self.counter = load(self._db, self.path)
             except BaseException:
                 self._db.close()
                 raise
@@ -383,141 +312,3 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
 
     with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
         future.get_loop().call_soon_threadsafe(settle)
-
-
-# -- opening --------------------------------------------------------------------------------
-
-
-def _take_lock(path: str) -> int:
-    lock_path = path + ".lock"
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise TaskStoreError(
-            f"cannot open the lock file of task store {path}: {exc.strerror} ({lock_path}); "
-            "check that its directory exists and is writable"
-        ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise TaskStoreError(
-            f"task store {path} is held by {holder}: one store serves one live host at a "
-            "time. Stop that host (the lock goes with it), or give this one a store file of "
-            "its own"
-        ) from None
-    except OSError as exc:
-        os.close(fd)
-        raise TaskStoreError(f"cannot lock task store {path}: {exc}") from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {time.time():.3f}\n".encode(), 0)
-    return fd
-
-
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it into the lock file."""
-    try:
-        pid_text, since = os.pread(fd, 100, 0).decode().split()
-        pid = int(pid_text)
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since)))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return "another live host"
-    if pid == os.getpid():
-        return f"another TaskStore of this process (opened {when}; close it first)"
-    return f"another live host (pid {pid}, since {when})"
-
-
-def _open(path: str) -> sqlite3.Connection:
-    try:
-        fresh = os.path.getsize(path) == 0
-    except FileNotFoundError:
-        fresh = True
-    except OSError as exc:
-        raise TaskStoreError(f"cannot open task store {path}: {exc.strerror}") from exc
-    try:
-        # autocommit: transactions are explicit; the writer thread is the only user later
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise TaskStoreError(f"cannot open task store {path}: {exc}") from exc
-    try:
-        _check(db, path, fresh)
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
-def _check(db: sqlite3.Connection, path: str, fresh: bool) -> None:
-    """Refuse a file that is not ours, damaged or newer, before anything is written to it."""
-    try:
-        application_id = db.execute("PRAGMA application_id").fetchone()[0]
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        raise TaskStoreError(
-            f"{path} is not a readable task store ({exc}); it was left as it is. Move it "
-            "away, or choose another store path"
-        ) from exc
-    if fresh or (application_id == 0 and version == 0 and tables == 0):
-        try:
-            db.executescript(
-                f"BEGIN; {_SCHEMA} PRAGMA application_id = {APPLICATION_ID}; "
-                f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-            )
-        except sqlite3.Error as exc:
-            raise TaskStoreError(f"cannot create task store {path}: {exc}") from exc
-        return
-    if application_id != APPLICATION_ID:
-        raise TaskStoreError(
-            f"{path} is a sqlite database but not a zett_agent task store (application_id "
-            f"{application_id:#x}); it was left as it is. Choose another store path"
-        )
-    if version > SCHEMA_VERSION:
-        raise TaskStoreError(
-            f"{path} was written by a newer zett_agent (task store schema {version}; this "
-            f"version reads schema {SCHEMA_VERSION} and older); it was left as it is. Upgrade "
-            "zett_agent, or choose another store path"
-        )
-    if version < 1:
-        raise TaskStoreError(
-            f"{path} is damaged (a task store without a schema version); it was left as it "
-            "is. Move it away, or choose another store path"
-        )
-
-
-def _load(db: sqlite3.Connection, path: str) -> tuple[list[StoredTask], dict[str, int], int]:
-    """Every stored task (oldest first), what each session spent, the last task number."""
-    try:
-        rows = db.execute(f"SELECT {', '.join(_ROW_FIELDS)} FROM tasks ORDER BY seq").fetchall()
-        spent = dict(db.execute("SELECT parent_session_id, spent_tokens FROM sessions"))
-        found = db.execute("SELECT value FROM meta WHERE key = 'counter'").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise TaskStoreError(
-            f"{path} is damaged ({exc}); it was left as it is. Move it away, or choose "
-            "another store path"
-        ) from exc
-    tasks = []
-    try:
-        for row in rows:
-            fields = dict(zip(_ROW_FIELDS, row, strict=True))
-            fields["progress"] = _json(fields["progress"])
-            fields["messages"] = _json(fields["messages"])
-            fields["lost"] = bool(fields["lost"])
-            tasks.append(StoredTask(**fields))
-    except (TypeError, ValueError) as exc:
-        raise TaskStoreError(
-            f"{path} is damaged (a task row cannot be read: {exc}); it was left as it is"
-        ) from exc
-    return tasks, {str(k): int(v) for k, v in spent.items()}, int(found[0]) if found else 0
-
-
-def _json(text: str | None) -> Any:
-    if text is None:
-        return None
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    return value
