@@ -22,7 +22,9 @@ What is measured (all on 2 workers):
 - large result: MB/s of a 32 MiB string result, next to a raw pipe moving the same bytes;
 - idle memory: unique memory (USS) of one idle worker process;
 - reused workers against anyio (dispatch p50) and loky (throughput) in alternating rounds, so
-  that both sides of each comparison see the same load of a shared machine.
+  that both sides of each comparison see the same load of a shared machine; with them, the
+  floor under any pool's dispatch on this machine: an asyncio loop awaiting the echo of one
+  byte from a forked process ("asyncio echo").
 
 Ours runs under both containment strategies where the machine has cgroup v2 ("zett fresh" is
 the default, cgroup here; "zett fresh/scan" the /proc fallback).
@@ -625,6 +627,50 @@ def _anyio_round(n: int) -> list[float]:
     return lat
 
 
+def _floor_round(n: int) -> list[float]:
+    """The floor under any pool's dispatch here: an asyncio loop that sends one byte to a
+    forked process and awaits its echo (no pickling, no job object, no framing)."""
+    import socket
+
+    host, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the echo: a blocking loop, as a worker waits for its next job
+        host.close()
+        while data := child.recv(64):
+            child.sendall(data)
+        os._exit(0)
+    child.close()
+    lat: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        host.setblocking(False)
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def on_echo() -> None:
+            host.recv(64)
+            waiter.set_result(None)
+
+        loop.add_reader(host.fileno(), on_echo)
+        try:
+            for i in range(n + 20):
+                t = time.perf_counter()
+                waiter = loop.create_future()
+                host.send(b"x")
+                await waiter
+                if i >= 20:
+                    lat.append(time.perf_counter() - t)
+        finally:
+            loop.remove_reader(host.fileno())
+
+    try:
+        asyncio.run(main())
+    finally:
+        host.close()
+        os.waitpid(pid, 0)
+    return lat
+
+
 def _loky_round(count: int) -> float:
     import loky
 
@@ -645,12 +691,14 @@ def alternating_table(quick: bool) -> None:
     rounds, n, count = (3, 200, 300) if quick else (6, 300, 1000)
     ours_lat: list[float] = []
     anyio_lat: list[float] = []
+    floor_lat: list[float] = []
     ours_rate: list[float] = []
     loky_rate: list[float] = []
     wins = 0
     for _ in range(rounds):
         lat, rate = asyncio.run(_ours_reused_round(n, count))
         peer = _anyio_round(n)
+        floor_lat += _floor_round(n)
         ours_lat += lat
         anyio_lat += peer
         ours_rate.append(rate)
@@ -665,6 +713,7 @@ def alternating_table(quick: bool) -> None:
     )
     print(f"  {'anyio':<18}{ms(pct(anyio_lat, 0.5)):>14}{ms(pct(anyio_lat, 0.99)):>14}")
     print(f"  {'loky':<18}{'':>14}{'':>14}{statistics.median(loky_rate):>14.0f}")
+    print(f"  {'asyncio echo':<18}{ms(pct(floor_lat, 0.5)):>14}{ms(pct(floor_lat, 0.99)):>14}")
     print(
         f"  rounds where zett's dispatch p50 <= anyio's: {wins}/{rounds}; "
         f"jobs/s >= loky's: {rate_wins}/{rounds}"
