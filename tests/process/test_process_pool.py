@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import zett_agent.process as process
-from support.jobs import GUARD, first_event, outcome
+from support.jobs import GUARD, first_event, outcome, until
 from support.liveness import alive
 from zett_agent.process import (
     JobFailed,
@@ -362,3 +362,28 @@ async def test_spares_run_an_event_loop_ahead_only_once_the_pool_ran_a_coroutine
             del supervisor.request
     assert plain and not any(message["loop"] for message in plain), plain
     assert asked[len(plain) :] and all(message["loop"] for message in asked[len(plain) :]), asked
+
+
+async def test_a_worker_seen_dead_before_its_answer_was_read_is_buried_once_it_is(
+    containment: str,
+) -> None:
+    """The worker's exit and the launcher's report of it can come before its last frames are
+    read (here: reading waits for a consumer of unread events). Once its answer is read, the
+    worker is buried: the job's tree reads gone, and nothing waits for the pool's close."""
+    async with ProcessPool(1, containment=containment, max_buffered_events=2) as pool:
+        job = pool.submit(_jobs.flood, 6)
+        events = job.events()  # a consumer that does not read yet: reading pauses at two
+        await until(lambda: job.pid is not None, what="the job to run")
+        pid = job.pid
+        assert pid is not None
+        worker = pool._engine.workers[pid]
+        await until(
+            lambda: worker.exited_at is not None and worker.report is not None,
+            what="the worker's exit and the launcher's report of it, its answer unread",
+        )
+        assert not job.done()
+        assert [event async for event in events] == list(range(6))
+        assert await job == 6
+        async with asyncio.timeout(GUARD):
+            await job.wait_gone()
+        assert pid not in pool._engine.workers

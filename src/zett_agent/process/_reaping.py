@@ -66,6 +66,7 @@ class Reaper(Dispatcher):
         containment = self.containment
         assert containment is not None
         ending = []
+        seen_dead = []
         for worker in workers:
             if worker.state is WorkerState.DEAD:
                 continue
@@ -83,8 +84,14 @@ class Reaper(Dispatcher):
             if not worker.tree.killing:
                 worker.tree.callbacks.append(functools.partial(self.check_gone, worker))
                 ending.append(worker)
+            elif worker.tree.dead:
+                # its death was confirmed while it waited for what it had left to say (its
+                # last frames): ended now, it is buried without another word from its tree
+                seen_dead.append(worker)
         if ending:
             containment.kill(worker.tree for worker in ending)
+        for worker in seen_dead:
+            self.check_gone(worker)
 
     def on_worker_exited(self, worker: Worker) -> None:
         """The worker's pidfd is readable: its process exited (not necessarily its tree)."""
