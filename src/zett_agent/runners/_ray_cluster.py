@@ -161,9 +161,8 @@ class Reapers:
     def __init__(self, calls: Calls) -> None:
         self._calls = calls
         self._actors: dict[tuple[str, str], Any] = {}
-        #: the reapers that answered once (a new one is given time to start first)
-        self._answered: set[int] = set()
-        #: when each reaper not yet answered was made: its start allowance runs from then
+        #: when each reaper that has not answered yet was made: it is given time to start
+        #: (``REAPER_START``), and its start allowance runs from then
         self._born: dict[int, float] = {}
         self._remote: Any = None
         self._warming: dict[str, asyncio.Task[None]] = {}
@@ -201,7 +200,7 @@ class Reapers:
             if deadline - time.monotonic() <= 0:
                 raise TimeoutError(f"no reaper on node {node_id[:12]} answered in time")
             actor = self.get(node_id)
-            start = 0.0 if id(actor) in self._answered else REAPER_START
+            start = REAPER_START if id(actor) in self._born else 0.0
             steps: list[tuple[str, tuple[Any, ...], float]] = []
             if method != "ping":
                 steps.append(("ping", (), REAPER_ANSWER + start))
@@ -222,8 +221,7 @@ class Reapers:
                             # next call; one that never answers is judged once that is used
                             raise _DeadlinePassed(node_id) from None
                         raise
-                    self._answered.add(id(actor))
-                    self._born.pop(id(actor), None)
+                    self._born.pop(id(actor), None)  # answered: started
             except _DeadlinePassed:
                 raise TimeoutError(
                     f"the reaper on node {node_id[:12]} did not answer before the deadline"
@@ -261,7 +259,6 @@ class Reapers:
         return born is not None and time.monotonic() - born < REAPER_START + REAPER_ANSWER
 
     def _drop(self, actor: Any) -> None:
-        self._answered.discard(id(actor))
         self._born.pop(id(actor), None)
         for key, known in list(self._actors.items()):
             if known is actor:
@@ -281,7 +278,6 @@ class Reapers:
             task.cancel()
         self._warming.clear()
         self._actors.clear()
-        self._answered.clear()
         self._born.clear()
 
 
