@@ -45,6 +45,9 @@ NODES: dict[str, dict[str, Any]] = {
     "w2": {"num_cpus": 1, "resources": {"w2": 4}},
 }
 NO_RAY = "the Ray tests need the ray extra: uv sync --extra ray"
+#: seconds the leak guard gives a process in the kernel's exit to be gone (a hang guard: a
+#: process that lives on is a leftover however long one waits)
+EXIT_GRACE = 5.0
 
 
 def cluster_pythonpath() -> str:
@@ -173,6 +176,9 @@ def ray_leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not leaked, f"test left file descriptors open: {leaked}"
     if "ray_cluster" in request.fixturenames:
         host: ClusterHost = request.getfixturevalue("ray_cluster")["host"]
-        answer = host.call("leftovers")
+        # a process the test's cancel or close killed may still be in the kernel's exit (its
+        # memory released, its command line empty, not yet a zombie): what is still there
+        # after EXIT_GRACE lives on, and is a leftover
+        answer = host.call("wait_clean", within=EXIT_GRACE)
         assert not answer["leftovers"], f"a child left processes on the cluster: {answer}"
         assert not answer["cgroups"], f"a child's cgroup was left on the cluster: {answer}"

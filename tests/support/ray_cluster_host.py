@@ -11,8 +11,8 @@ It reads one JSON command per line on stdin and answers one JSON line on stdout:
 - ``{"op": "start", "nodes": {name: {"num_cpus": n, "resources": {...}}}}``: a head node
   (``"head"``) plus the others; answers the address and each node's id.
 - ``{"op": "remove_node", "name": ...}``: kills one node's processes (SIGKILL, as a lost machine).
-- ``{"op": "leftovers"}``: processes in the host's tree that are not the cluster's own, and
-  the Ray children's cgroups that still exist.
+- ``{"op": "leftovers"}``: processes in the host's tree that are not the cluster's own (each
+  with its parent and state), and the Ray children's cgroups that still exist.
 - ``{"op": "launchers"}``: the pids of the pools' launchers alive on the cluster.
 - ``{"op": "wait_clean", "within": s, "launchers": [...]}``: ``leftovers`` once they are empty
   and no launcher is alive but those listed (the pools that existed before), or at the timeout.
@@ -117,10 +117,11 @@ class Host:
         self._remember()
         daemons = self.daemons()
         raylets = {p.pid for p in psutil.Process().children() if p.pid in daemons and _is_raylet(p)}
-        procs = {}
+        procs, states = {}, {}
         for proc in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if proc.status() != psutil.STATUS_ZOMBIE:
+                states[proc.pid] = proc.status()
+                if states[proc.pid] != psutil.STATUS_ZOMBIE:
                     procs[proc.pid] = proc
         parents = {pid: _ppid(proc) for pid, proc in procs.items()}
         workers = {
@@ -153,7 +154,10 @@ class Host:
                     break
                 up = parents[up]
             if escaped or below_worker:
-                found.append(f"{pid} (parent {parents[pid]}) {cmdlines.get(pid, '?')[:100]}")
+                # the state tells a process that lives on from one on its way out (an empty
+                # command line: its memory is gone, it is not yet a zombie)
+                about = f"parent {parents[pid]}, {states[pid]}"
+                found.append(f"{pid} ({about}) {cmdlines.get(pid, '?')[:100]}")
         return {"leftovers": found, "cgroups": _task_cgroups(self.ever)}
 
     def launchers(self) -> dict[str, Any]:
