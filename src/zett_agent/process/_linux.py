@@ -6,7 +6,6 @@ Imported by the launcher and the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import struct
 import sys
@@ -26,8 +25,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 #: the C library, one handle for the engine's modules (``_seccomp`` keeps its own: its
-#: ``prctl`` takes a pointer)
-libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+#: ``prctl`` takes a pointer): the symbols this process already has loaded, libc's among them.
+#: Not ``ctypes.util.find_library``, which runs ``ldconfig -p`` in a child process at import
+#: (a child of every host, launcher and Ray worker) and imports ``subprocess``.
+libc = ctypes.CDLL(None, use_errno=True)
 #: ``prctl(option, arg2, arg3, arg4, arg5)`` with integer arguments
 prctl = libc.prctl
 prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
