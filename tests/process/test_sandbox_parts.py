@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from zett_agent.process import Sandbox, _landlock, _sandbox, _scratch, sandbox_support
+from zett_agent.process import Sandbox, _caps, _landlock, _sandbox, _scratch, sandbox_support
 
 
 @pytest.mark.parametrize(
@@ -101,9 +101,13 @@ def test_sandbox_support_says_what_this_machine_enforces() -> None:
         "seccomp",
         "can_change_user",
         "default_user",
+        "namespaces",
         "required_ok",
         "reasons",
     }
+    assert support["namespaces"] is ("namespaces" not in support["reasons"])
+    if os.geteuid() == 0 and _caps.has(_caps.CAP_SYS_ADMIN):
+        assert support["namespaces"] is True  # root makes a job's namespaces itself
     version, why = _landlock.abi()
     assert support["landlock_abi"] == version
     assert support["required_ok"] == (version >= 6 and support["seccomp"])
@@ -225,3 +229,46 @@ def test_a_base_whose_pool_is_gone_is_found_stale(tmp_path: Path) -> None:
         live.close()
         for base in (live, dead):
             _scratch.remove_tree(base.path)
+
+
+_FILE_SETATTR = 469  # Linux 6.17, the highest number the filter reviewed (REVIEWED)
+
+
+def _file_setattr_errno(reviewed: int | None) -> str:
+    """The errno ``file_setattr`` with bad arguments meets in a fresh interpreter, under the
+    filter built with ``reviewed`` (``None``: no filter)."""
+    code = (
+        "import sys, ctypes, errno; sys.path[:0] = [sys.argv[1]]\n"
+        "from zett_agent.process import _landlock, _seccomp\n"
+        "if sys.argv[2] != 'none':\n"
+        "    _landlock.set_no_new_privs()\n"
+        "    _seccomp.load(_seccomp.program(True, True, int(sys.argv[2])))\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"libc.syscall({_FILE_SETATTR}, -1, None, None, 0, 0)\n"
+        "print(errno.errorcode[ctypes.get_errno()])\n"
+    )
+    src = os.path.dirname(os.path.dirname(os.path.dirname(_landlock.__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code, src, "none" if reviewed is None else str(reviewed)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_a_system_call_newer_than_the_filter_knows_is_not_allowed_unseen() -> None:
+    """The filter's bound: a call numbered above ``REVIEWED`` fails with ENOSYS, as on a kernel
+    without it. Watched on ``file_setattr`` by lowering the bound just below it."""
+    from zett_agent.process import _seccomp
+
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the bound is for x86_64 and aarch64")
+    if not _seccomp.available()[0]:
+        pytest.skip("no seccomp here")
+    unfiltered = _file_setattr_errno(None)
+    if unfiltered == "ENOSYS":
+        pytest.skip("this kernel has no file_setattr (Linux 6.17)")
+    assert _seccomp.REVIEWED >= _FILE_SETATTR
+    assert _file_setattr_errno(_seccomp.REVIEWED) == unfiltered  # reviewed: the kernel answers
+    assert _file_setattr_errno(_FILE_SETATTR - 1) == "ENOSYS"  # above the bound: never reached

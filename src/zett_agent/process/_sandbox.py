@@ -157,10 +157,10 @@ class Sandbox:
 class Account:
     """Who a sandboxed job runs as.
 
-    ``mode`` is ``"user"`` (``uid``/``gid``, no groups, no capability), ``"root"`` (uid 0, every
-    capability dropped and locked out) or ``"same"`` (the host is not root: its own uid, any
-    capability dropped). ``why`` says why, when it is not the account that was asked for (the
-    default one could not run the interpreter).
+    ``mode`` is ``"user"`` (``uid``/``gid``, no groups, no capability), ``"root"`` (uid 0 with
+    the nobody account's gid, every capability dropped and locked out) or ``"same"`` (the
+    host is not root: its own uid, any capability dropped). ``why`` says why, when it is not
+    the account that was asked for (the default one could not run the interpreter).
     """
 
     mode: Literal["user", "root", "same"]
@@ -275,6 +275,19 @@ def _lookup(user: int | str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+def _other_gid(gid: int, nobody_gid: int) -> int:
+    """``gid``, or the nobody account's group when ``gid`` is one of the host's groups.
+
+    A job never shares a group with its host: the kernel lets a process change another's
+    resource limits (``prlimit``) and trace it only when every id matches, and group-owned
+    files and IPC objects of the host stay the host's.
+    """
+    host = {os.getgid(), os.getegid(), *os.getgroups()}
+    if gid not in host:
+        return gid
+    return nobody_gid if nobody_gid not in host else NOBODY
+
+
 def resolve_account(user: int | str | None) -> Account:
     """The account a job of ``Sandbox(user=user)`` runs as on this host.
 
@@ -298,22 +311,24 @@ def _resolve_account(
                 "sandboxed jobs run as that uid. Drop user=, or run the host as root"
             )
         return Account("same", os.geteuid(), os.getegid())
+    nobody_gid = _lookup(NOBODY)[1]
     if user is None:
         uid, gid = _lookup(NOBODY)
         problem = interpreter_problem(uid, gid)
         if problem is None:
-            return Account("user", uid, gid)
+            return Account("user", uid, _other_gid(gid, nobody_gid))
         return Account(
             "root",
             0,
-            0,
+            _other_gid(0, nobody_gid),
             f"uid {uid} cannot run the interpreter ({problem}); the job runs as uid 0 with "
             "every capability dropped instead. Install Python where that account can read it "
             "(a world-readable prefix) to run jobs as an unprivileged account",
         )
     uid, gid = _lookup(user)
     if uid == 0:
-        return Account("root", 0, 0)
+        return Account("root", 0, _other_gid(0, nobody_gid))
+    gid = _other_gid(gid, nobody_gid)
     problem = interpreter_problem(uid, gid)
     if problem is not None:
         raise ValueError(
@@ -348,13 +363,43 @@ def _kernel_for(abi: int) -> str:
     return f"Linux {KERNEL_OF_ABI.get(abi, 'newer')}"
 
 
+def _read_number(path: str) -> int | None:
+    try:
+        with open(path, "rb") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _namespaces_problem(privileged: bool) -> str | None:
+    """Why a job cannot get namespaces of its own here (a guess made without trying), or None.
+
+    Root makes them with ``CAP_SYS_ADMIN``; another account through a user namespace, which
+    the kernel's settings may forbid. The worker reports what it really got (``"view"``).
+    """
+    if privileged:
+        if _caps.has(_caps.CAP_SYS_ADMIN):
+            return None
+        return "the host runs as root without CAP_SYS_ADMIN, so it cannot make namespaces"
+    if _read_number("/proc/sys/user/max_user_namespaces") == 0:
+        return "user namespaces are switched off (user.max_user_namespaces is 0)"
+    if _read_number("/proc/sys/kernel/unprivileged_userns_clone") == 0:
+        return "unprivileged user namespaces are switched off (kernel.unprivileged_userns_clone)"
+    if _read_number("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == 1:
+        return "AppArmor restricts unprivileged user namespaces"
+    return None
+
+
 def sandbox_support() -> dict[str, Any]:
     """What this machine can enforce for a ``Sandbox``, as JSON data.
 
     ``landlock_abi`` (0 when there is no Landlock), ``seccomp`` (bool), ``can_change_user``
     (the host is root and may run jobs as another account), ``default_user`` (the uid a job runs
     as when ``user=`` names none: 65534, or 0 with every capability dropped when that account
-    cannot run the interpreter, or the host's own uid), ``required_ok`` (whether a
+    cannot run the interpreter, or the host's own uid), ``namespaces`` (whether a job gets mount
+    and IPC namespaces of its own, and with them a read-only view of the file system outside
+    its writable paths: root, or unprivileged user namespaces; without, the seccomp filter
+    denies every metadata and System V IPC call instead), ``required_ok`` (whether a
     ``required=True`` sandbox runs here) and ``reasons``: for each thing missing or weaker, why
     and what provides it.
     """
@@ -377,6 +422,9 @@ def sandbox_support() -> dict[str, Any]:
         reasons["seccomp"] = seccomp_reason
     privileged = _privileged()
     account = resolve_account(None)
+    namespaces_why = _namespaces_problem(privileged)
+    if namespaces_why is not None:
+        reasons["namespaces"] = namespaces_why
     if not privileged:
         reasons["can_change_user"] = (
             f"the host runs as uid {os.geteuid()}, not as root: sandboxed jobs run as that uid"
@@ -388,6 +436,7 @@ def sandbox_support() -> dict[str, Any]:
         "seccomp": seccomp_ok,
         "can_change_user": privileged,
         "default_user": account.uid,
+        "namespaces": namespaces_why is None,
         "required_ok": version >= REQUIRED_ABI and seccomp_ok,
         "reasons": reasons,
     }

@@ -19,10 +19,29 @@ Everything is allowed except what lets a process reach past its sandbox, which f
 - the terminal it inherited: ``ioctl`` ``TIOCSTI`` (pushing input into the host's terminal, run
   by its shell later) and ``TIOCLINUX`` (the same on a virtual console). Landlock's ioctl rights
   cover only files opened inside the sandbox, not the stdout and stderr a job inherits;
+- other processes by pid (``prlimit64``, ``sched_setaffinity``/``setscheduler``/``setparam``/
+  ``setattr``, ``migrate_pages``, ``move_pages``, ``get_robust_list``): only the calling process
+  itself (pid 0) may be named; ``setpriority`` and ``ioprio_set`` only for the calling process
+  (not a process group, not every process of an account); ``kcmp``, ``process_madvise``,
+  ``process_mrelease`` not at all. Signals and ``ptrace`` access to processes outside the job
+  are Landlock's (scoping); ``pidfd_open`` stays (asyncio and a pool inside the job need it),
+  and what a pidfd of an outside process could do is each denied here or by Landlock;
+- file metadata through a descriptor (``fchmod``, ``fchown``, ``fsetxattr``, ``fremovexattr``,
+  and the ``*at`` calls on the descriptor itself: ``utimensat``/``futimesat`` without a path,
+  ``AT_EMPTY_PATH``): a descriptor the job inherited (its standard streams) points into the
+  host's mounts, past the job's read-only view (``_view``); by path, metadata calls meet that
+  view. Where the view could not be made (``view=False``), every metadata call (the ``chmod``,
+  ``chown``, ``utime`` and ``*xattr`` families) and every System V IPC and POSIX message queue
+  call is denied instead;
+- the kernel log (``syslog``);
 - with ``network="none"``: creating any socket (``socket``, every family: a pathname UNIX socket
   such as a container daemon's is a way out of the sandbox, and Landlock controls connecting to
   one only from ABI 9 on), and ``socketpair`` except for connected ``AF_UNIX`` stream and
-  seqpacket pairs (asyncio's event loop needs one; a datagram pair could ``sendto`` any path).
+  seqpacket pairs (asyncio's event loop needs one; a datagram pair could ``sendto`` any path);
+- system calls newer than this filter was written for (a number above ``REVIEWED``, on x86_64
+  and aarch64) fail with ``ENOSYS``, as on a kernel that lacks them: a call added later is never
+  allowed unseen. Calls libseccomp is too old to name but this filter reviewed are ruled by
+  number (from 424 on, every architecture shares the numbers).
 
 System calls are resolved by name, so the filter is right on every architecture libseccomp
 knows; calls of another architecture (32-bit ``int 0x80`` on x86_64) kill the process, as
@@ -39,8 +58,9 @@ import ctypes
 import errno as _errno
 import os
 import platform
+import struct
 
-__all__ = ["available", "install", "load", "prepare", "program"]
+__all__ = ["REVIEWED", "available", "install", "load", "prepare", "program"]
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
 #: ``SCMP_FLTATR_CTL_OPTIMIZE``: 2 sorts the system calls into a binary tree (libseccomp 2.5)
@@ -59,6 +79,10 @@ _IOCTL_MASK = 0xFFFFFFFF
 _AF_UNIX = 1
 _SOCK_DGRAM = 2
 _SOCK_TYPE_MASK = 0xF
+_SCMP_CMP_EQ = 4
+_AT_EMPTY_PATH = 0x1000
+_PRIO_PROCESS = 0
+_IOPRIO_WHO_PROCESS = 1
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
@@ -97,6 +121,7 @@ DENIED = (
     "pivot_root",
     "move_mount",
     "open_tree",
+    "open_tree_attr",
     "fsopen",
     "fsmount",
     "fsconfig",
@@ -113,7 +138,91 @@ DENIED = (
     "swapon",
     "swapoff",
     "acct",
+    "kcmp",
+    "process_madvise",
+    "process_mrelease",
+    "syslog",
+    "fchmod",
+    "fchown",
+    "fsetxattr",
+    "fremovexattr",
 )
+
+#: calls that act on a process by pid (argument 0): allowed for pid 0 (the caller) only
+SELF_ONLY = (
+    "prlimit64",
+    "sched_setaffinity",
+    "sched_setscheduler",
+    "sched_setparam",
+    "sched_setattr",
+    "migrate_pages",
+    "move_pages",
+    "get_robust_list",
+)
+
+#: calls that act on the file a descriptor names when their ``AT_EMPTY_PATH`` flag is set:
+#: name -> the argument that holds the flags
+EMPTY_PATH_FLAGS = {
+    "utimensat": 3,
+    "fchmodat2": 3,
+    "fchownat": 4,
+    "setxattrat": 2,
+    "removexattrat": 2,
+    "file_setattr": 4,
+}
+
+#: with no view (``view=False``): every call that changes a file's metadata by path, and
+#: System V IPC and POSIX message queues (the host's, without an IPC namespace of the job's)
+WITHOUT_VIEW = (
+    "chmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "lchown",
+    "fchownat",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "setxattr",
+    "lsetxattr",
+    "setxattrat",
+    "removexattr",
+    "lremovexattr",
+    "removexattrat",
+    "file_setattr",
+    "shmget",
+    "shmat",
+    "shmctl",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+)
+
+#: calls newer than libseccomp 2.5 names, by number (the same on every architecture: they
+#: came after the numbering was unified at 424)
+_BY_NUMBER = {
+    "setxattrat": 463,
+    "removexattrat": 466,
+    "open_tree_attr": 467,
+    "file_setattr": 469,
+}
+#: the highest system call number this filter was written for (``file_setattr``, Linux 6.17);
+#: a higher one fails with ENOSYS
+REVIEWED = 469
+#: ``AUDIT_ARCH_*`` of the architectures whose numbers ``REVIEWED`` counts in
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 
 def _action_errno(code: int) -> int:
@@ -180,7 +289,7 @@ _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
 _prctl.restype = ctypes.c_int
 
-_programs: dict[bool, bytes] = {}
+_programs: dict[tuple[bool, bool, int], bytes] = {}
 _kernel_problem: str | bool | None = False  # False: not looked at yet
 
 
@@ -204,12 +313,16 @@ def _clone_flags_arg() -> int:
     return 1 if platform.machine().startswith("s390") else 0
 
 
-def program(network_none: bool) -> bytes:
+def program(network_none: bool, view: bool = True, reviewed: int = REVIEWED) -> bytes:
     """The filter as raw BPF (``struct sock_filter`` array), compiled once per process.
 
+    ``view``: the job has its own read-only view and IPC namespace (``_view``); without one the
+    calls that view would have stopped are denied (``WITHOUT_VIEW``). ``reviewed``: the
+    highest system call number allowed unseen (the tests lower it to watch the bound work).
     Raises ``OSError`` when libseccomp is missing or refuses a rule.
     """
-    cached = _programs.get(network_none)
+    key = (network_none, view, reviewed)
+    cached = _programs.get(key)
     if cached is not None:
         return cached
     lib = _library()
@@ -228,6 +341,8 @@ def program(network_none: bool) -> bytes:
     def rule(name: str, action: int, *compare: tuple[int, int, int, int]) -> None:
         number = lib.seccomp_syscall_resolve_name(name.encode())
         if number < 0:
+            number = _BY_NUMBER.get(name, -1)
+        if number < 0:
             return  # no such call on this architecture: nothing to deny
         array = (_ArgCmp * max(1, len(compare)))(*(_ArgCmp(*c) for c in compare))
         code = lib.seccomp_rule_add_array(ctx, action, number, len(compare), array)
@@ -244,6 +359,19 @@ def program(network_none: bool) -> bytes:
         for flag in _NAMESPACE_FLAGS:
             rule("clone", eperm, (flags_arg, _SCMP_CMP_MASKED_EQ, flag, flag))
             rule("unshare", eperm, (0, _SCMP_CMP_MASKED_EQ, flag, flag))
+        for name in SELF_ONLY:
+            rule(name, eperm, (0, _SCMP_CMP_NE, 0, 0))
+        for name, which in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
+            rule(name, eperm, (0, _SCMP_CMP_NE, which, 0))
+            rule(name, eperm, (1, _SCMP_CMP_NE, 0, 0))
+        if view:
+            for name, arg in EMPTY_PATH_FLAGS.items():
+                rule(name, eperm, (arg, _SCMP_CMP_MASKED_EQ, _AT_EMPTY_PATH, _AT_EMPTY_PATH))
+            for name in ("utimensat", "futimesat"):  # no path: the descriptor's own file
+                rule(name, eperm, (1, _SCMP_CMP_EQ, 0, 0))
+        else:
+            for name in WITHOUT_VIEW:
+                rule(name, eperm)
         if network_none:
             rule("socket", eperm)
             rule("socketpair", eperm, (0, _SCMP_CMP_NE, _AF_UNIX, 0))
@@ -261,8 +389,32 @@ def program(network_none: bool) -> bytes:
         lib.seccomp_release(ctx)
     if not data or len(data) % 8:
         raise OSError(_errno.EINVAL, "libseccomp exported a malformed filter")
-    _programs[network_none] = data
+    data = _newer_calls_guard(reviewed) + data
+    _programs[key] = data
     return data
+
+
+def _newer_calls_guard(reviewed: int) -> bytes:
+    """BPF run before libseccomp's program: a call numbered above ``reviewed`` gets ENOSYS.
+
+    Only on an architecture whose numbers ``REVIEWED`` counts (``_AUDIT_ARCH``); elsewhere
+    nothing (libseccomp's program alone). Its jumps are relative, so putting these five
+    instructions in front leaves libseccomp's own intact.
+    """
+    arch = _AUDIT_ARCH.get(platform.machine())
+    if arch is None:
+        return b""
+    load, jeq, jgt, ret = 0x20, 0x15, 0x25, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGT|K, RET|K
+    pack = struct.Struct("=HBBI").pack  # struct sock_filter: code, jt, jf, k
+    return b"".join(
+        (
+            pack(load, 0, 0, 4),  # seccomp_data.arch
+            pack(jeq, 0, 3, arch),  # another architecture: on to libseccomp's program
+            pack(load, 0, 0, 0),  # seccomp_data.nr
+            pack(jgt, 0, 1, reviewed),
+            pack(ret, 0, 0, _action_errno(_errno.ENOSYS)),
+        )
+    )
 
 
 def prepare(data: bytes) -> _SockFprog:
