@@ -5,6 +5,9 @@ job is unpickled (unpickling can run code of the job). In this order:
 
 1. the scratch directory is made (mode 0700, owned by the job's account) and becomes the
    working directory;
+1b. the job's own mount and IPC namespaces, with a view of the file system that is read-only
+   but for the scratch directory and the write paths (``_view``); where they cannot be made,
+   the seccomp filter denies what they would have stopped (file metadata, System V IPC);
 2. every descriptor but stdin, stdout, stderr and the worker's socket is closed (and a ruleset
    an idle spare prepared, see ``_ruleset``);
 3. the environment is replaced by the policy's minimal one, and the host's environment is wiped
@@ -16,9 +19,9 @@ job is unpickled (unpickling can run code of the job). In this order:
    for the policy's kind when there is one (``_ruleset``);
 6. the seccomp filter (``_seccomp``, decoded ahead by the spare too);
 7. the account: as root, no supplementary groups, then the job's gid and uid (every capability
-   goes with the uid), or, for uid 0, every capability dropped with the securebits locked; the
-   result is checked (no capability left, the ids as asked); then ``PR_SET_DUMPABLE`` 0 (no
-   core dump; no process of the same account may ``ptrace`` it).
+   goes with the uid), or, for uid 0, a gid other than the host's and every capability dropped
+   with the securebits locked; the result is checked (no capability left, the ids as asked);
+   then ``PR_SET_DUMPABLE`` 0 (no core dump; no process of the same account may ``ptrace`` it).
 
 It returns the report of what was enforced (and how long that took, ``seconds``), which the
 worker sends to the host before the job runs. A report with ``"refused"`` means the job must
@@ -39,7 +42,7 @@ import threading
 import time
 from typing import Any
 
-from . import _caps, _landlock, _ruleset, _seccomp
+from . import _caps, _landlock, _ruleset, _seccomp, _view
 from ._linux import libc, prctl
 
 __all__ = ["confine", "warm_up"]
@@ -88,7 +91,8 @@ def _sample_policy() -> bytes:
         "account": {"mode": "user", "uid": 65534, "gid": 65534},
         "account_why": "w" * 320,
         "landlock_abi": 7,
-        "seccomp": "A" * 1320,
+        "seccomp": "A" * 1940,
+        "seccomp_without_view": "A" * 1940,
         "seccomp_reason": None,
     }
     job = {
@@ -200,7 +204,8 @@ def _scratch(path: str, account: dict[str, Any]) -> None:
     try:
         if account["mode"] == "user":
             os.fchown(fd, account["uid"], account["gid"])
-        os.fchmod(fd, 0o700)
+        if os.fstat(fd).st_mode & 0o7777 != 0o700:  # a umask took more than mkdir asked
+            os.fchmod(fd, 0o700)  # (a sandboxed job's own pool may not: its filter denies it)
         os.fchdir(fd)
     except OSError as exc:
         raise _Refused(f"could not prepare the scratch directory {path}: {exc}") from None
@@ -241,6 +246,29 @@ def _account(account: dict[str, Any]) -> None:
         raise _Refused(f"the account change to uid {uid} gid {gid} did not take effect")
     if prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise _Refused("prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _own_view(policy: dict[str, Any], account: dict[str, Any], report: dict[str, Any]) -> bool:
+    """Give the job its namespaces and read-only view (``_view``); whether it has them.
+
+    Records in the report what it got (``"namespaces"``), or why not (``"view"`` false and
+    ``"view_why"``: the seccomp filter then denies what the view would have stopped).
+    """
+    scratch = policy["scratch"]
+    writable = [scratch, *(path for path in policy["write"] if os.path.exists(path))]
+    try:
+        why, made = _view.make_view(scratch, writable, account["mode"] != "same")
+    except OSError as exc:
+        raise _Refused(f"the job's read-only view could not be finished: {exc}") from None
+    report["view"] = why is None
+    if why is None:
+        report["namespaces"] = made
+    else:
+        report["view_why"] = (
+            f"{why}: no namespaces of its own, so the seccomp filter denies changing any "
+            "file's metadata and System V IPC instead"
+        )
+    return why is None
 
 
 def _close_all_but(keep_fd: int) -> None:
@@ -292,6 +320,7 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
         if threading.active_count() > 1:
             raise _Refused("another thread runs in the worker; a sandbox confines one thread")
         _scratch(policy["scratch"], account)
+        view = _own_view(policy, account, report)
         _close_all_but(keep_fd)
         _wipe_environment(policy["env"])
         try:
@@ -343,7 +372,7 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
                 f"{_REQUIRED_ABI}, {_kernel(_REQUIRED_ABI)}, is needed)"
             )
 
-        program = policy.get("seccomp")
+        program = policy.get("seccomp" if view else "seccomp_without_view")
         if program is None:
             missing["seccomp"] = str(policy.get("seccomp_reason") or "no seccomp here")
         else:
@@ -396,6 +425,12 @@ _CONFINING: tuple[Any, ...] = (
     _landlock.Ruleset.allow,
     _landlock.Ruleset.restrict_self,
     _landlock.Ruleset.close,
+    _own_view,
+    _view.make_view,
+    _view._unshare_namespaces,
+    _view._set_attr,
+    _view._check,
+    _view._no_directory_streams,
     _seccomp.load,
     _seccomp.install,
     _seccomp.prepare,

@@ -90,13 +90,17 @@ def _covering(paths: dict[str, None]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def _bpf(network_none: bool) -> tuple[str | None, str | None]:
-    """The seccomp program as base64 (compiled once per process), or why there is none."""
+def _bpf(network_none: bool, view: bool) -> tuple[str | None, str | None]:
+    """The seccomp program as base64 (compiled once per process), or why there is none.
+
+    ``view``: the program for a job that got its own namespaces and read-only view; without,
+    it also denies what the view would have stopped (see ``_seccomp``).
+    """
     ok, reason = _seccomp.available()
     if not ok:
         return None, reason
     try:
-        program = _seccomp.program(network_none)
+        program = _seccomp.program(network_none, view)
     except OSError as exc:
         return None, f"the seccomp filter could not be built: {exc}"
     return binascii.b2a_base64(program, newline=False).decode("ascii"), None
@@ -113,9 +117,11 @@ def _shared_part(
     """
     defaults = _default_read(path_key)
     if seccomp:
-        program, seccomp_reason = _bpf(network == "none")
+        program, seccomp_reason = _bpf(network == "none", view=True)
+        without_view, _reason = _bpf(network == "none", view=False)
     else:
         program, seccomp_reason = None, "seccomp is switched off for this pool (seccomp=False)"
+        without_view = None
     return json.dumps(
         {
             # split here, where they were found, so the worker need not fstat each one
@@ -127,6 +133,8 @@ def _shared_part(
             "account_why": account.why,
             "landlock_abi": landlock_abi,
             "seccomp": program,
+            # for a worker that could not make the job's namespaces (the view)
+            "seccomp_without_view": without_view,
             "seccomp_reason": seccomp_reason,
         },
         separators=(",", ":"),
