@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from zett_agent._tracing import ERROR_TYPE, Attributes, Kind
+from zett_agent._trace_attributes import ERROR_TYPE, clean_attributes, text
+from zett_agent._tracing import MAX_DESCRIPTION, Attributes, Kind
 
 if TYPE_CHECKING:
     from zett_agent._tracing import Span as RuntimeSpan
@@ -27,7 +28,11 @@ _INSTRUMENTATION = "zett_agent"
 
 
 class OtelSpan:
-    """An OpenTelemetry span behind the runtime's span interface."""
+    """An OpenTelemetry span behind the runtime's span interface.
+
+    Every attribute passes ``clean_attributes`` on its way in (ints clamped to 64 bits, text
+    bounded), so nothing set here can fail an exporter's encoding.
+    """
 
     __slots__ = ("span",)
 
@@ -39,7 +44,9 @@ class OtelSpan:
         return self.span.is_recording()
 
     def set_attributes(self, attributes: Attributes) -> None:
-        self.span.set_attributes(attributes)
+        cleaned = clean_attributes(attributes)
+        if cleaned:
+            self.span.set_attributes(cleaned)
 
     def end(
         self,
@@ -49,8 +56,8 @@ class OtelSpan:
         end_ns: int | None = None,
     ) -> None:
         if error is not None:
-            self.span.set_attribute(ERROR_TYPE, error_type or "_OTHER")
-            self.span.set_status(Status(StatusCode.ERROR, error))
+            self.set_attributes({ERROR_TYPE: error_type or "_OTHER"})
+            self.span.set_status(Status(StatusCode.ERROR, text(error, MAX_DESCRIPTION)))
         self.span.end(end_time=end_ns)
 
     @contextmanager
@@ -72,7 +79,10 @@ class OtelSpan:
 
 
 class OtelTracer:
-    """Starts the runtime's spans with one ``opentelemetry.trace.Tracer``."""
+    """Starts the runtime's spans with one ``opentelemetry.trace.Tracer``.
+
+    Names are cut to ``MAX_TEXT`` characters, attributes pass ``clean_attributes``.
+    """
 
     request_spans = True
 
@@ -91,10 +101,10 @@ class OtelTracer:
         context = trace.set_span_in_context(parent.span) if isinstance(parent, OtelSpan) else None
         return OtelSpan(
             self._tracer.start_span(
-                name,
+                text(name),
                 context=context,
                 kind=_KINDS[kind],
-                attributes=attributes,
+                attributes=clean_attributes(attributes),
                 start_time=start_ns,
             )
         )

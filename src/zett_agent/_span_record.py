@@ -16,24 +16,30 @@ Events (JSON)::
 
 ``id`` numbers the child's spans from 1; ``parent`` is ``null`` for a child of the
 ``invoke_agent`` span. A start is sent as the span starts, so a child killed in the middle of
-a span still leaves the parent a span to close. Attribute values are strings, booleans, ints
-and floats (or short lists of one of them), strings cut to ``MAX_TEXT`` characters, at most
-``MAX_ATTRIBUTES`` per event; at most ``MAX_CHILD_SPANS`` spans are sent. ``emit`` failing
+a span still leaves the parent a span to close. Attributes pass ``clean_attributes``
+(``zett_agent._trace_attributes``): strings cut to ``MAX_TEXT`` characters, booleans, ints
+clamped to 64 bits, finite floats (or short lists of one of them), at most ``MAX_ATTRIBUTES``
+per event; at most ``MAX_CHILD_SPANS`` spans are sent. ``emit`` failing
 (the parent gone) stops the recording, never the child's work.
 """
 
 from __future__ import annotations
 
 import contextvars
-import itertools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from zett_agent._tracing import MAX_CHILD_SPANS, MAX_DESCRIPTION, MAX_TEXT, Attributes, Kind, text
+from zett_agent._trace_attributes import (
+    MAX_ATTRIBUTES,
+    MAX_LIST,
+    MAX_TEXT,
+    clean_attributes,
+    text,
+)
+from zett_agent._tracing import MAX_CHILD_SPANS, MAX_DESCRIPTION, Attributes, Kind
 
 if TYPE_CHECKING:
     from zett_agent._tracing import Span
@@ -42,56 +48,11 @@ __all__ = ["MAX_ATTRIBUTES", "MAX_LIST", "Recorder", "clean_attributes"]
 
 log = logging.getLogger("zett_agent.tracing")
 
-#: attributes per event, and items per list value
-MAX_ATTRIBUTES = 32
-MAX_LIST = 16
-
 #: (recorder, local id) of the current span; the recorder is compared, so a nested child's
 #: recorder (an in-process grandchild inherits this variable) never takes another one's ids
 _CURRENT: contextvars.ContextVar[tuple[Recorder, int] | None] = contextvars.ContextVar(
     "zett_agent_recorded_span", default=None
 )
-
-
-def _scalar(value: object) -> str | bool | int | float | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else None
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, str):
-        return text(value)
-    return None
-
-
-def clean_attributes(attributes: object) -> dict[str, Any]:
-    """Return the attributes of ``attributes`` (any object) that a span may carry.
-
-    Within bounds: at most ``MAX_ATTRIBUTES`` string keys of at most ``MAX_TEXT`` characters, each
-    with a string, boolean, int (64 bits), finite float, or a list of at most ``MAX_LIST`` values of
-    one of these types (the first item's); only the first ``2 * MAX_ATTRIBUTES`` items are looked
-    at. Anything else is left out. Never raises for any JSON data; used on both sides (the parent on
-    what a child sent).
-    """
-    if not isinstance(attributes, dict) or not attributes:
-        return {}
-    out: dict[str, Any] = {}
-    # looks at a bounded number of items: a dict of a million bad keys costs what 64 do
-    for key, value in itertools.islice(attributes.items(), 2 * MAX_ATTRIBUTES):
-        if len(out) >= MAX_ATTRIBUTES:
-            break
-        if not isinstance(key, str) or not 0 < len(key) <= MAX_TEXT:
-            continue
-        if isinstance(value, list | tuple):
-            items = [_scalar(v) for v in value[:MAX_LIST]]
-            if items and items[0] is not None and all(type(i) is type(items[0]) for i in items):
-                out[text(key)] = items
-            continue
-        scalar = _scalar(value)
-        if scalar is not None:
-            out[text(key)] = scalar
-    return out
 
 
 class _RecordedSpan:
@@ -108,11 +69,11 @@ class _RecordedSpan:
 
     @property
     def recording(self) -> bool:
-        return True
+        return not self._ended
 
     def set_attributes(self, attributes: Attributes) -> None:
         if not self._ended:
-            self._pending.update(attributes)
+            self._pending.update(clean_attributes(attributes))
 
     def end(
         self,
@@ -212,7 +173,7 @@ class Recorder:
                 "kind": "span_start",
                 "id": local_id,
                 "parent": parent_id,
-                "name": text(name),
+                "name": text(name, MAX_TEXT),
                 "time": start_ns if start_ns is not None else time.time_ns(),
                 "attributes": clean_attributes(dict(attributes)),
             }

@@ -10,7 +10,10 @@ arrived, which also absorbs another host's clock skew), at most ``MAX_CHILD_SPAN
 re-created per child, at most ``MAX_OPEN`` held open at once and none deeper than
 ``MAX_DEPTH`` below the ``invoke_agent`` span, and nothing raises: an event that does not fit
 (a span whose parent is not open in the parent process included) is dropped (and counted on
-the ``invoke_agent`` span as ``zett_agent.spans_dropped``).
+the ``invoke_agent`` span as ``zett_agent.spans_dropped``). Attributes pass
+``clean_attributes`` as they arrive and again as the tracer takes them, and the token totals
+summed onto the ``invoke_agent`` span saturate at 64 bits: no value a child sends can fail the
+export of the batch it lands in.
 
 When the child ends, every span it left open ends with an error status naming why (the
 child's own failure reason when it crashed, was killed, timed out or was cancelled), then its
@@ -25,23 +28,32 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from zett_agent._span_record import clean_attributes
-from zett_agent._tracing import (
+from zett_agent._trace_attributes import (
+    AGENT_DESCRIPTION,
     AGENT_ID,
     AGENT_NAME,
+    CHAT,
     CONVERSATION,
     INPUT_TOKENS,
-    MAX_CHILD_SPANS,
-    MAX_DESCRIPTION,
+    INVOKE_AGENT,
     OPERATION,
     OUTPUT_TOKENS,
+    SPANS_DROPPED,
+    TASK_DESCRIPTION,
+    add_ints,
+    clean_attributes,
+    text,
+)
+from zett_agent._trace_models import agent_attributes
+from zett_agent._tracing import (
+    MAX_CHILD_SPANS,
+    MAX_DESCRIPTION,
     Kind,
     Span,
     Tracer,
     describe,
     error_type,
     origin,
-    text,
 )
 
 if TYPE_CHECKING:
@@ -91,20 +103,27 @@ class ChildTrace:
         agent_id: str,
         conversation_id: str,
         description: str = "",
+        *,
+        agent_description: str = "",
+        model: object = None,
     ) -> None:
         self._tracer = tracer
         self._started_ns = time.time_ns()
         name = text(agent_name, 128)
         attributes: dict[str, Any] = {
-            OPERATION: "invoke_agent",
+            OPERATION: INVOKE_AGENT,
             AGENT_NAME: name,
             AGENT_ID: text(agent_id),
             CONVERSATION: text(conversation_id),
         }
+        if model is not None:
+            attributes.update(agent_attributes(model))
+        if agent_description:
+            attributes[AGENT_DESCRIPTION] = text(agent_description)
         if description:
-            attributes["zett_agent.task.description"] = text(description)
+            attributes[TASK_DESCRIPTION] = text(description)
         self._root: Span = tracer.start(
-            f"invoke_agent {name}", attributes, start_ns=self._started_ns
+            f"{INVOKE_AGENT} {name}", attributes, start_ns=self._started_ns
         )
         #: the child's open spans by its local id, with their start and depth (in insertion
         #: order)
@@ -177,7 +196,7 @@ class ChildTrace:
         name = _line(event.get("name"), 128) or "span"
         attributes = clean_attributes(event.get("attributes"))
         start = _clamp(event.get("time"), self._started_ns, time.time_ns())
-        kind: Kind = "client" if attributes.get(OPERATION) == "chat" else "internal"
+        kind: Kind = "client" if attributes.get(OPERATION) == CHAT else "internal"
         span = self._tracer.start(name, attributes, parent=parent, start_ns=start, kind=kind)
         self._open[local] = (span, start, depth)
 
@@ -193,8 +212,8 @@ class ChildTrace:
             span.set_attributes(attributes)
             for index, key in enumerate((INPUT_TOKENS, OUTPUT_TOKENS)):
                 value = attributes.get(key)
-                if type(value) is int and value > 0:
-                    self._tokens[index] += value
+                if type(value) is int and value > 0:  # clamped to 64 bits, and so is the sum
+                    self._tokens[index] = add_ints(self._tokens[index], value)
         error = _line(event.get("error"), MAX_DESCRIPTION)
         kind = _line(event.get("error_type"), 128)
         end = _clamp(event.get("time"), start, time.time_ns())
@@ -275,7 +294,7 @@ class ChildTrace:
             if any(self._tokens):
                 attributes[INPUT_TOKENS], attributes[OUTPUT_TOKENS] = self._tokens
             if self._dropped:
-                attributes["zett_agent.spans_dropped"] = self._dropped
+                attributes[SPANS_DROPPED] = self._dropped
             if attributes:
                 self._root.set_attributes(attributes)
             self._root.end(error=reason, error_type=kind, end_ns=now)

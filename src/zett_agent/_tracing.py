@@ -11,8 +11,9 @@ imported) unless one of two holds:
 
 A traced request is an ``invoke_agent`` span; each model call in it a ``chat {model}`` span and
 each tool call an ``execute_tool {tool}`` span, named and described after the OpenTelemetry
-GenAI semantic conventions. Nothing here raises into the runtime for tracing's sake: a tracer
-that fails is logged once and the request goes on.
+GenAI semantic conventions (the names: ``zett_agent._trace_attributes``; what they say of a
+model: ``zett_agent._trace_models``). Nothing here raises into the runtime for tracing's sake:
+a tracer that fails is logged once and the request goes on.
 
 This module is imported by every agent, children included: it imports nothing heavy.
 """
@@ -26,7 +27,29 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from zett_agent._text import valid_text
+from zett_agent._trace_attributes import (
+    CHAT,
+    CONVERSATION,
+    EXECUTE_TOOL,
+    INPUT_TOKENS,
+    INVOKE_AGENT,
+    OPERATION,
+    OUTPUT_TOKENS,
+    REQUEST_MODEL,
+    TOOL_CALL_ID,
+    TOOL_NAME,
+    TOOL_TYPE,
+    clamp_int,
+    text,
+)
+from zett_agent._trace_models import (
+    ModelNotes,
+    agent_attributes,
+    model_attributes,
+    model_name,
+    note_model_call,
+    noting,
+)
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -39,12 +62,16 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_CHILD_SPANS",
     "ChildTracing",
+    "ModelNotes",
     "Span",
     "Tracer",
+    "agent_attributes",
     "child_trace",
     "current",
+    "model_attributes",
     "model_name",
     "model_stream",
+    "note_model_call",
     "request",
     "tool_call",
 ]
@@ -57,23 +84,11 @@ AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Seq
 Attributes = Mapping[str, AttributeValue]
 Kind = Literal["internal", "client"]
 
-# GenAI semantic conventions: names of operations and attributes
-OPERATION = "gen_ai.operation.name"
-CONVERSATION = "gen_ai.conversation.id"
-AGENT_NAME = "gen_ai.agent.name"
-AGENT_ID = "gen_ai.agent.id"
-REQUEST_MODEL = "gen_ai.request.model"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-ERROR_TYPE = "error.type"
+# the names of operations and attributes, and the gate every attribute value passes
+# (``clean_attributes``): zett_agent._trace_attributes
 
 #: spans one child may record (the parent enforces the same bound on what it receives)
 MAX_CHILD_SPANS = 10_000
-#: longest text the runtime puts into a span name, an attribute or a status description
-MAX_TEXT = 256
 #: longest status description (an error's one line)
 MAX_DESCRIPTION = 500
 
@@ -81,7 +96,10 @@ MAX_DESCRIPTION = 500
 class Span(Protocol):
     """One span as the runtime holds it, whatever backs it.
 
-    OpenTelemetry, or a child's recorder. No method raises.
+    OpenTelemetry, or a child's recorder. No method raises. Every attribute, given to the
+    tracer's ``start`` or to ``set_attributes``, passes
+    ``zett_agent._trace_attributes.clean_attributes`` in the implementation (ints clamped to
+    64 bits, text bounded), so no value can fail an exporter.
     """
 
     @property
@@ -184,12 +202,6 @@ def _warn_once(key: str, message: str) -> None:
 # -- what the runtime traces ------------------------------------------------------------------
 
 
-def text(value: object, limit: int = MAX_TEXT) -> str:
-    """``value`` as valid Unicode of at most ``limit`` characters (for names and attributes)."""
-    value = value if isinstance(value, str) else str(value)
-    return valid_text(value if len(value) <= limit else value[: limit - 3] + "...")
-
-
 def describe(error: BaseException) -> str:
     """A status description for an exception: one line, bounded."""
     if isinstance(error, GeneratorExit):
@@ -212,24 +224,18 @@ def _is_cancel(error: BaseException) -> bool:
     return isinstance(error, asyncio.CancelledError)
 
 
-def model_name(model: object) -> str:
-    """Return what a model calls itself, for span names.
-
-    Its ``model`` attribute when that is a string (the adapters' model id), else its class
-    name; a child's progress wrapper is looked through.
-    """
-    from zett_agent.runners._child import ProgressModel
-
-    while isinstance(model, ProgressModel):
-        model = model.inner
-    name = getattr(model, "model", None)
-    return text(name if isinstance(name, str) and name else type(model).__name__, 128)
-
-
 def _usage_attributes(usage: Any) -> dict[str, AttributeValue]:
+    """The token counts of ``usage`` (ints only; the span clamps them to 64 bits)."""
     if usage is None:
         return {}
-    return {INPUT_TOKENS: int(usage.input_tokens), OUTPUT_TOKENS: int(usage.output_tokens)}
+    counts: dict[str, AttributeValue] = {}
+    for key, value in (
+        (INPUT_TOKENS, getattr(usage, "input_tokens", None)),
+        (OUTPUT_TOKENS, getattr(usage, "output_tokens", None)),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool):
+            counts[key] = clamp_int(value)
+    return counts
 
 
 async def request(
@@ -245,8 +251,12 @@ async def request(
     if not tracer.request_spans:
         return await execute(context)
     span = tracer.start(
-        "invoke_agent",
-        {OPERATION: "invoke_agent", CONVERSATION: text(context.session_id)},
+        INVOKE_AGENT,
+        {
+            OPERATION: INVOKE_AGENT,
+            CONVERSATION: text(context.session_id),
+            **agent_attributes(context.model),
+        },
     )
     try:
         with span.activate():
@@ -265,28 +275,29 @@ def model_stream(
 ) -> Callable[[ModelRequest], AsyncIterator[ModelEvent]]:
     """Return ``model.stream`` with every call a ``chat {model}`` span (kind client).
 
-    The span carries the usage the completed response reports. It is current only while the model
-    computes its next event, never across a ``yield``. Closing the stream early (cancellation) ends
-    the span with an error unless the completed response had arrived; the model's own stream is
-    closed too.
+    The span carries ``model_attributes(model)``, the usage the completed response reports, and
+    what the model notes while it computes (``note_model_call``). It is current only while the
+    model computes its next event, never across a ``yield``. Closing the stream early
+    (cancellation) ends the span with an error unless the completed response had arrived; the
+    model's own stream is closed too.
     """
     from zett_agent._model import ModelEventKind
 
-    name = model_name(model)
-    session = text(context.session_id)
+    attributes = {
+        **model_attributes(model),
+        OPERATION: CHAT,
+        CONVERSATION: text(context.session_id),
+    }
+    name = f"{CHAT} {attributes[REQUEST_MODEL]}"
 
     async def stream(request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        span = tracer.start(
-            f"chat {name}",
-            {OPERATION: "chat", REQUEST_MODEL: name, CONVERSATION: session},
-            kind="client",
-        )
+        span = tracer.start(name, attributes, kind="client")
         inner = model.stream(request)
         completed = False
         failure: BaseException | None = None
         try:
             while True:
-                with span.activate():
+                with span.activate(), noting(span):  # noting: for the model's note_model_call
                     try:
                         event = await anext(inner)
                     except StopAsyncIteration:
@@ -328,9 +339,9 @@ async def tool_call(
 
     name = text(call.name, 128)
     span = tracer.start(
-        f"execute_tool {name}",
+        f"{EXECUTE_TOOL} {name}",
         {
-            OPERATION: "execute_tool",
+            OPERATION: EXECUTE_TOOL,
             TOOL_NAME: name,
             TOOL_CALL_ID: text(call.id),
             TOOL_TYPE: "function",
@@ -355,12 +366,20 @@ async def tool_call(
 
 
 def child_trace(
-    agent_name: str, agent_id: str, conversation_id: str, description: str = ""
+    agent_name: str,
+    agent_id: str,
+    conversation_id: str,
+    description: str = "",
+    *,
+    agent_description: str = "",
+    model: object = None,
 ) -> ChildTrace | None:
     """Open the ``invoke_agent {agent_name}`` span of a child about to start.
 
     Under the current span (the parent's ``execute_tool task_start``); ``None`` when nothing
-    is traced. See ``zett_agent._span_relay.ChildTrace`` for what to do with it.
+    is traced. ``description`` is the task's (what the parent's model wrote),
+    ``agent_description`` the definition's, ``model`` the child's model (its provider and name
+    go on the span). See ``zett_agent._span_relay.ChildTrace`` for what to do with it.
     """
     tracer = current()
     if tracer is None:
@@ -368,7 +387,15 @@ def child_trace(
     try:
         from zett_agent._span_relay import ChildTrace
 
-        return ChildTrace(tracer, agent_name, agent_id, conversation_id, description)
+        return ChildTrace(
+            tracer,
+            agent_name,
+            agent_id,
+            conversation_id,
+            description,
+            agent_description=agent_description,
+            model=model,
+        )
     except Exception:
         _warn_once("child", "could not open the span of a child agent; it is not traced")
         return None

@@ -5,11 +5,13 @@ processes and Ray workers)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from support.children import schema
+from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
+from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent.tools import AgentTool
 
 
@@ -98,3 +100,66 @@ FORGE = AgentTool(
     schema(count="integer"),
     _forge_spans,
 )
+
+
+#: the largest int a span attribute may carry (OTLP's signed 64 bits)
+INT64_MAX = 2**63 - 1
+
+
+class HugeUsageModel:
+    """A child model that calls ``huge`` once, then answers with what it said; each of its two
+    responses reports ``INT64_MAX`` input and output tokens: valid usage, whose sum over the
+    child's calls no longer fits in 64 bits."""
+
+    retry = RetryOptions(max_retries=0)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        results = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if results:
+            message = AssistantMessage(content=results[-1].text)
+        else:
+            message = AssistantMessage(tool_calls=(ToolCall("h", "huge", {}),))
+        yield ModelEvent.completed(ModelResponse(message, Usage(INT64_MAX, INT64_MAX)))
+
+
+#: the oversized values a child's span records carry in ``huge``'s records
+HUGE_VALUES: dict[str, Any] = {
+    "gen_ai.usage.input_tokens": INT64_MAX,
+    "gen_ai.usage.output_tokens": INT64_MAX,
+    "big": 2**200,
+    "small": -(2**200),
+    "edge": -(2**63) - 1,
+    "ints": [2**64, -(2**64), 1],
+}
+
+
+def _huge_spans() -> str:
+    """Send span records whose ints are as large as JSON lets a child make them."""
+    from zett_agent.process import emit
+
+    local = 10**6  # far from the ids the child's recorder gives (1, 2, ...)
+    emit(
+        {
+            "kind": "span_start",
+            "id": local,
+            "parent": None,
+            "name": "huge",
+            "time": 0,
+            "attributes": HUGE_VALUES,
+        }
+    )
+    emit(
+        {
+            "kind": "span_end",
+            "id": local,
+            "time": 0,
+            "attributes": HUGE_VALUES,
+            "error": None,
+            "error_type": None,
+        }
+    )
+    return "huge sent"
+
+
+#: sends span records with oversized ints from inside a traced child
+HUGE = AgentTool("huge", "Send huge span records.", schema(), _huge_spans)

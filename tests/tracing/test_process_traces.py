@@ -60,6 +60,8 @@ async def test_one_trace_holds_the_request_the_task_and_the_childs_model_and_too
     request = by_name(spans, "invoke_agent")
     assert request.parent is None
     assert request.attributes["gen_ai.conversation.id"] == "parent"
+    assert request.attributes["gen_ai.request.model"] == "StepModel"
+    assert request.attributes["gen_ai.provider.name"] == "zett_agent"
     assert request.attributes["gen_ai.usage.input_tokens"] == 30  # three parent calls of 10
     parent_chats = [s for s in spans if s.name == "chat StepModel"]
     assert len(parent_chats) == 3
@@ -79,7 +81,10 @@ async def test_one_trace_holds_the_request_the_task_and_the_childs_model_and_too
         "gen_ai.agent.name": "worker",
         "gen_ai.agent.id": task.task_id,
         "gen_ai.conversation.id": task.session_id,
-        "zett_agent.task.description": "trace me",
+        "gen_ai.agent.description": "worker profile for tests",  # the definition's
+        "gen_ai.provider.name": "zett_agent",  # an offline model names no provider
+        "gen_ai.request.model": "ToolsThenAnswer",
+        "zett_agent.task.description": "trace me",  # what the parent's model wrote
         "gen_ai.usage.input_tokens": 14,
         "gen_ai.usage.output_tokens": 6,
     }
@@ -94,6 +99,7 @@ async def test_one_trace_holds_the_request_the_task_and_the_childs_model_and_too
         assert chat.kind is SpanKind.CLIENT
         assert chat.attributes["gen_ai.operation.name"] == "chat"
         assert chat.attributes["gen_ai.request.model"] == "ToolsThenAnswer"
+        assert chat.attributes["gen_ai.provider.name"] == "zett_agent"
         assert chat.attributes["gen_ai.conversation.id"] == task.session_id
         assert chat.attributes["gen_ai.usage.input_tokens"] == 7
         assert chat.attributes["gen_ai.usage.output_tokens"] == 3

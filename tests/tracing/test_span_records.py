@@ -17,6 +17,7 @@ from support.tracing import by_name, exported_spans
 from zett_agent import _tracing
 from zett_agent._span_record import MAX_ATTRIBUTES, MAX_LIST, Recorder, clean_attributes
 from zett_agent._span_relay import MAX_DEPTH, MAX_OPEN, ChildTrace
+from zett_agent._trace_models import ModelNotes, note_model_call, noting
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need the otel extra")
 from opentelemetry.trace import StatusCode
@@ -116,6 +117,7 @@ def test_names_attributes_and_errors_are_cut_to_their_bounds(exporter: Any) -> N
     attributes.update({"nested": {"a": 1}, "nan": float("nan"), "big": 2**70})
     trace.fold(start(1, name="n" * 10_000 + "\ud800", attributes=attributes))
     mixed = {"ints": list(range(100)), "mixed": [1, "a"], "nested": [[1]], "ok": True, "f": 1.5}
+    mixed |= {"huge": 2**70, "tiny": -(2**70)}
     trace.fold(end(1, attributes=mixed, error="e\n" * 10_000, error_type="t" * 1000))
     trace.end_job(None)
     span = next(s for s in exporter.get_finished_spans() if s.name.startswith("n"))
@@ -125,9 +127,24 @@ def test_names_attributes_and_errors_are_cut_to_their_bounds(exporter: Any) -> N
     assert "nested" not in span.attributes and "nan" not in span.attributes
     assert "big" not in span.attributes and "mixed" not in span.attributes
     assert tuple(span.attributes["ints"]) == tuple(range(MAX_LIST))
+    assert span.attributes["huge"] == 2**63 - 1 and span.attributes["tiny"] == -(2**63)
     assert span.status.status_code is StatusCode.ERROR
     assert len(span.status.description) <= 500 and "\n" not in span.status.description
     assert len(span.attributes["error.type"]) == 128
+
+
+def test_a_childs_token_totals_saturate_at_64_bits(exporter: Any) -> None:
+    trace = child_trace()
+    most = {"gen_ai.usage.input_tokens": 2**63 - 1, "gen_ai.usage.output_tokens": 2**63 - 1}
+    for local in (1, 2, 3):  # each record valid, their sum is not
+        trace.fold(start(local, name="chat m"))
+        trace.fold(end(local, attributes=most))
+    trace.fold(start(4, name="chat m"))
+    trace.fold(end(4, attributes={"gen_ai.usage.input_tokens": -(2**63)}))  # not counted
+    trace.end_job(None)
+    agent = by_name(exporter.get_finished_spans(), "invoke_agent worker")
+    assert agent.attributes["gen_ai.usage.input_tokens"] == 2**63 - 1
+    assert agent.attributes["gen_ai.usage.output_tokens"] == 2**63 - 1
 
 
 def test_open_spans_and_nesting_are_bounded_and_all_spans_close(exporter: Any) -> None:
@@ -182,7 +199,7 @@ def test_the_recorder_sends_starts_and_ends_with_parents_and_bounds() -> None:
     outer = recorder.start("execute_tool a", {"gen_ai.tool.name": "a", "bad": object()})  # type: ignore[dict-item]
     with outer.activate():
         inner = recorder.start("chat m", {})
-        inner.set_attributes({"gen_ai.usage.input_tokens": 3})
+        inner.set_attributes({"gen_ai.usage.input_tokens": 3, "over": 2**64})
         inner.end(error="boom\nagain", error_type="ValueError")
     outer.end()
     outer.end()  # once only
@@ -194,7 +211,7 @@ def test_the_recorder_sends_starts_and_ends_with_parents_and_bounds() -> None:
     ]
     assert sent[0]["parent"] is None and sent[1]["parent"] == 1
     assert sent[0]["attributes"] == {"gen_ai.tool.name": "a"}
-    assert sent[2]["attributes"] == {"gen_ai.usage.input_tokens": 3}
+    assert sent[2]["attributes"] == {"gen_ai.usage.input_tokens": 3, "over": 2**63 - 1}
     assert sent[2]["error_type"] == "ValueError"
     assert inner.traceparent() == recorder.traceparent
     json.dumps(sent)  # plain JSON, as the channel takes it
@@ -221,6 +238,28 @@ def test_the_recorder_records_at_most_max_child_spans() -> None:
     for _ in range(_tracing.MAX_CHILD_SPANS + 3):
         recorder.start("s", {}).end()
     assert len(sent) == 2 * _tracing.MAX_CHILD_SPANS
+
+
+def test_a_model_notes_on_the_span_of_its_call_only_while_it_runs() -> None:
+    sent: list[Any] = []
+    recorder = Recorder(sent.append, "00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+    note_model_call({"gen_ai.response.id": "outside"})  # no call running: nothing, no raise
+    span = recorder.start("chat m", {})
+    with noting(span):
+        note_model_call({"gen_ai.response.id": "r", "gen_ai.response.finish_reasons": ["stop"]})
+    note_model_call({"gen_ai.response.id": "after"})
+    span.end()
+    with noting(span):
+        note_model_call({"gen_ai.response.id": "ended"})  # an ended span takes nothing
+    assert sent[-1]["attributes"] == {
+        "gen_ai.response.id": "r",
+        "gen_ai.response.finish_reasons": ["stop"],
+    }
+    notes = ModelNotes()  # the broker's: bounded like a span's attributes
+    with noting(notes):
+        note_model_call({f"k{i}": 2**70 for i in range(100)})
+    assert len(notes.attributes) == MAX_ATTRIBUTES
+    assert set(notes.attributes.values()) == {2**63 - 1}
 
 
 def test_clean_attributes_keeps_only_bounded_plain_values() -> None:

@@ -339,7 +339,14 @@ class SubAgentExtension(ChildAgentExtension):
             raise ValueError("prompt is empty; give the subagent the full task to work on")
         session_id = f"{context.session_id}/subagent-{self._next_number()}"
         # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
-        trace = _tracing.child_trace(definition.name, session_id.rsplit("/", 1)[-1], session_id)
+        trace = _tracing.child_trace(
+            definition.name,
+            session_id.rsplit("/", 1)[-1],
+            session_id,
+            description,
+            agent_description=definition.description,
+            model=definition.model if definition.model is not None else context.model,
+        )
         try:
             job = await self._launch(
                 context.model, definition, session_id=session_id, prompt=prompt, trace=trace

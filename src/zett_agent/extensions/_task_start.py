@@ -79,7 +79,14 @@ class TaskStarter:
         # the slot is taken from here on, across the awaits below
         with registry.starting(context.session_id, session):
             # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
-            trace = _tracing.child_trace(profile.name, task_id, task.session_id, description)
+            trace = _tracing.child_trace(
+                profile.name,
+                task_id,
+                task.session_id,
+                description,
+                agent_description=profile.description,
+                model=profile.model if profile.model is not None else context.model,
+            )
             started = False
             try:
                 # stored before its child starts: a task the store cannot take never runs

@@ -33,6 +33,16 @@ from zett_agent._model import (
     RetryOptions,
     TransientModelError,
 )
+from zett_agent._trace_attributes import (
+    FINISH_REASONS,
+    PROVIDER,
+    PROVIDER_OPENAI,
+    RESPONSE_ID,
+    RESPONSE_MODEL,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+)
+from zett_agent._trace_models import note_model_call
 from zett_agent.models import _http
 from zett_agent.models._openai_wire import (
     ResponseAccumulator,
@@ -182,6 +192,24 @@ class OpenAIChatModel:
         """Where requests go: ``{base_url}/chat/completions``."""
         return f"{self.base_url}/chat/completions"
 
+    @property
+    def span_attributes(self) -> dict[str, str | int]:
+        """What the runtime's spans of this model say about it (``docs/tracing.md``).
+
+        ``gen_ai.provider.name`` ``openai`` (the API this adapter speaks, whatever server
+        answers it), ``server.address`` and ``server.port`` of ``base_url``.
+        """
+        url = urlsplit(self.base_url)
+        attributes: dict[str, str | int] = {PROVIDER: PROVIDER_OPENAI}
+        if url.hostname:
+            attributes[SERVER_ADDRESS] = url.hostname
+        try:
+            port = url.port
+        except ValueError:  # not a port number: the request names the problem
+            port = None
+        attributes[SERVER_PORT] = port or (443 if url.scheme == "https" else 80)
+        return attributes
+
     def __repr__(self) -> str:
         key = "set" if self._api_key is not None else f"${self.api_key_env}"
         return f"OpenAIChatModel({self.model!r}, base_url={self.base_url!r}, api_key={key})"
@@ -274,6 +302,7 @@ class OpenAIChatModel:
             else:
                 async for text in _stream_text(response, accumulator):
                     yield ModelEvent.text_delta(text)
+            _note_response(accumulator)
             final: ModelResponse = accumulator.response()
         except _http.HTTPTimeout as exc:
             raise TransientModelError(
@@ -362,6 +391,19 @@ class OpenAIChatModel:
         else:
             message = f"{where} rejected the request (HTTP {status}): {detail}"
         return ModelError(message, retryable=False, status=status)
+
+
+def _note_response(accumulator: ResponseAccumulator) -> None:
+    """Put what the response said of itself on the model call's span (when traced)."""
+    notes: dict[str, str | list[str]] = {}
+    if accumulator.response_id:
+        notes[RESPONSE_ID] = accumulator.response_id
+    if accumulator.response_model:
+        notes[RESPONSE_MODEL] = accumulator.response_model
+    if accumulator.finish_reason:
+        notes[FINISH_REASONS] = [accumulator.finish_reason]
+    if notes:
+        note_model_call(notes)
 
 
 def _event_texts(

@@ -341,6 +341,9 @@ class ResponseAccumulator:
         self._max = -1  # the highest index of a call so far
         self._usage: Usage | None = None
         self.finish_reason: str | None = None
+        #: the ``id`` and ``model`` the server's chunks name (the first of each), for the span
+        self.response_id: str | None = None
+        self.response_model: str | None = None
 
     def add_chunk(self, chunk: Any) -> str:
         """Take one decoded chunk; return the text it adds (``""`` if none).
@@ -355,6 +358,10 @@ class ResponseAccumulator:
             )
         if chunk.get("error"):
             raise _stream_error(chunk)
+        if self.response_id is None and isinstance(chunk.get("id"), str):
+            self.response_id = chunk["id"]
+        if self.response_model is None and isinstance(chunk.get("model"), str):
+            self.response_model = chunk["model"]
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage = Usage(

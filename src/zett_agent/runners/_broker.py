@@ -14,7 +14,8 @@ with the real models, and streams the events back through ``ProcessJob.send``.
 the parent's event loop for any number of children at once, and that nothing in a
 ``ModelRequest`` chooses its endpoint, model name or credentials (they are the parent's
 configuration). Its ``retry`` is copied to the stand-in, and its ``model`` attribute, when a
-``str``, names the stand-in for display. Models without the attribute are shipped as they
+``str``, names the stand-in for display; what its spans say of it (``span_attributes``: its
+provider, its server) goes on the stand-in's spans. Models without the attribute are shipped as they
 are (the child holds what they hold), as without brokering.
 
 **Children of children.** A brokered child relays: the stand-ins of its own children point at
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from zett_agent._model import Model, ModelError, ModelEventKind, ModelRequest, TransientModelError
+from zett_agent._trace_models import ModelNotes, model_attributes
 from zett_agent.runners._broker_wire import (
     KEY,
     MAX_ID,
@@ -103,7 +105,7 @@ class _BrokerPickler(cloudpickle.Pickler):  # type: ignore[misc]
             if slot is None:
                 slot = self.slots[id(obj)] = len(self.models)
                 self.models.append(obj)
-            return (_rebuild, (slot, _name(obj), obj.retry))
+            return (_rebuild, (slot, _name(obj), obj.retry, model_attributes(obj)))
         return super().reducer_override(obj)
 
 
@@ -290,6 +292,8 @@ class Broker:
             if request is None:
                 return
         self.calls += 1
+        notes = ModelNotes()
+        notes.collect()  # what the model notes for its span goes to the child with the answer
         try:
             stream = model.stream(request)
             completed = False
@@ -297,7 +301,10 @@ class Broker:
                 async for event in stream:
                     if event.kind is ModelEventKind.COMPLETED:
                         self._count(event)  # before the child has it: a budget acts first
-                    if not await self._send(encode_event(call_id, event)):
+                    answer = encode_event(call_id, event)
+                    if event.kind is ModelEventKind.COMPLETED and notes.attributes:
+                        answer["notes"] = notes.attributes
+                    if not await self._send(answer):
                         return
                     if event.kind is ModelEventKind.COMPLETED:
                         completed = True

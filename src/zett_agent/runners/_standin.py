@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from zett_agent._model import ModelError, ModelEvent, ModelRequest, RetryOptions
 from zett_agent._text import valid_json
+from zett_agent._trace_models import note_model_call
 from zett_agent.runners._broker_wire import (
     KEY,
     TOPIC,
@@ -52,16 +53,20 @@ def relay_from_here() -> None:
     _relaying = True
 
 
-def _rebuild(slot: int, name: str, retry: RetryOptions) -> BrokeredModel:
+def _rebuild(
+    slot: int, name: str, retry: RetryOptions, span_attributes: dict[str, Any] | None = None
+) -> BrokeredModel:
     """How a stand-in is unpickled in the child."""
-    return BrokeredModel(slot, name, retry)
+    return BrokeredModel(slot, name, retry, span_attributes)
 
 
 class BrokeredModel:
     """A model whose calls the parent makes: the child's stand-in for a brokered model.
 
-    ``model`` is the real model's name, for display; ``retry`` its retry options; ``slot``
-    which of the models brokered for this child it stands for. ``stream`` raises
+    ``model`` is the real model's name, for display; ``retry`` its retry options;
+    ``span_attributes`` what the runtime's spans say of it (``zett_agent._tracing.
+    model_attributes``: its provider, its server); ``slot`` which of the models brokered for
+    this child it stands for. ``stream`` raises
     ``ModelError`` outside a brokered child (no parent serves it there).
 
     Cancellation: cancelling the consuming task, or closing the stream early, tells the parent
@@ -71,16 +76,23 @@ class BrokeredModel:
     brokerable: ClassVar[bool] = True  # a child of this child relays through it
     child_preload: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, slot: int, name: str, retry: RetryOptions) -> None:
+    def __init__(
+        self,
+        slot: int,
+        name: str,
+        retry: RetryOptions,
+        span_attributes: dict[str, Any] | None = None,
+    ) -> None:
         self.slot = slot
         self.model = name
         self.retry = retry
+        self.span_attributes = dict(span_attributes or {})
 
     def __repr__(self) -> str:
         return f"BrokeredModel({self.model!r}, through the parent)"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.slot, self.model, self.retry))
+        return (_rebuild, (self.slot, self.model, self.retry, self.span_attributes))
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         from zett_agent.process import emit
@@ -117,6 +129,9 @@ class BrokeredModel:
                         response = decode_response(answer["done"])
                     except (BadRequest, KeyError, TypeError, ValueError, IndexError) as exc:
                         raise ModelError(f"the parent sent a malformed response: {exc}") from None
+                    notes = answer.get("notes")
+                    if notes:  # what the parent's model said of its response, for our span
+                        note_model_call(notes)
                     yield ModelEvent.completed(response)
                     return
                 else:
