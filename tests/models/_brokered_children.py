@@ -149,3 +149,21 @@ CLOSE_EARLY_TOOL = AgentTool(
     {"type": "object", "properties": {"go": {"type": "string"}}, "required": ["go"]},
     _close_early,
 )
+
+
+async def _abandon(times: int, text: str) -> str:
+    """Make ``times`` model calls one after the other, each dropped after its first delta."""
+    model = BrokeredModel(0, "direct", RetryOptions(max_retries=0))
+    request = ModelRequest((UserMessage(text),))
+    for _ in range(times):
+        stream = model.stream(request)
+        await anext(stream)
+        await stream.aclose()  # before the completed event, which would carry the usage
+    return f"abandoned {times} calls"
+
+
+def abandon_tool(times: int, text: str) -> AgentTool:
+    async def abandon() -> str:
+        return await _abandon(times, text)
+
+    return AgentTool("abandon", "Call the model and hang up early.", _EMPTY, abandon)

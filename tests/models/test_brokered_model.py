@@ -46,6 +46,7 @@ from zett_agent.messages import (
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.process import ProcessPool, Sandbox
 from zett_agent.runners import ProcessRunner, _broker
+from zett_agent.runners._broker_usage import estimated_tokens
 from zett_agent.runners._broker_wire import BadRequest, decode_request, encode_request
 from zett_agent.runners._standin import BrokeredModel, relaying
 from zett_agent.testing import FunctionModel, ScriptedModel
@@ -484,6 +485,10 @@ async def test_a_child_that_dies_mid_stream_closes_the_upstream_request(
     assert task.status in (SubAgentTaskStatus.FAILED, SubAgentTaskStatus.CANCELLED)
     if how == "SIGKILL":
         assert "SIGKILL" in (task.error or "")
+    # the call its end cut short is charged its estimate: the system prompt and the prompt in,
+    # and what streamed out (the "Hel" the server sent, if it arrived in time: one token)
+    assert task.input_tokens == estimated_tokens(len("You are the child.") + len("do the work"))
+    assert task.output_tokens in (0, 1)
 
 
 async def test_a_child_that_closes_its_stream_cancels_the_parents_call(
@@ -510,6 +515,41 @@ async def test_a_child_that_closes_its_stream_cancels_the_parents_call(
     assert json.loads(answer)["content"] == "Hello"
     assert task.status is SubAgentTaskStatus.COMPLETED
     assert server.requests[2].body["messages"][-1]["content"] == "Hel"
+
+
+# -- what a call costs ------------------------------------------------------------------------
+
+
+async def test_a_child_that_abandons_every_stream_is_charged_and_stopped_by_its_budget() -> None:
+    # the child drops each call after its first delta, before the completed event that carries
+    # the usage: each is charged its estimate (400 characters in: 100 tokens; "Hel" out: 1),
+    # and the call that would go past the budget is never made
+    text = "x" * 400
+    replies = [Reply(chunks=tool_call_stream("abandon", {})), *([HELD] * 40)]
+    async with CountingServer(replies) as server:
+        model = OpenAIChatModel("test-model", base_url=server.url, api_key=new_key())
+        definition = SubAgentDefinition(
+            "remote",
+            "a child",
+            "You are the child.",
+            model=model,
+            tools=[kids.abandon_tool(40, text)],
+            token_budget=1000,
+        )
+        async with Recording([definition], runner=ProcessRunner(broker=True)) as ext:
+            await run_parent(ext, "remote")
+            task = only_task(ext)
+            info = ext.task_info(task)
+            await server.until_gone(9)
+    # the first turn reported 20 + 5; nine calls at 101 each: 934, and the tenth needs 100 more
+    assert task.status is SubAgentTaskStatus.FAILED
+    assert task.error == (
+        "token budget exceeded (used 934 of 1000 tokens, "
+        "and its next model call needs about 100 more)"
+    )
+    assert (task.input_tokens, task.output_tokens) == (20 + 9 * 100, 5 + 9 * 1)
+    assert len(server.requests) == 1 + 9  # the tenth never reached the provider
+    assert info["broker"] == {"calls": 1 + 9, "refused": 0}
 
 
 # -- a hostile child --------------------------------------------------------------------------

@@ -13,6 +13,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import os
+import select
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -50,8 +54,6 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     try:
-        import select
-
         select.select([fd], [], [], GUARD)
     finally:
         os.close(fd)
@@ -218,6 +220,74 @@ def test_a_crash_fails_only_its_own_future(executor: ProcessPoolExecutor, crash:
     assert isinstance(crashed.exception(GUARD), WorkerCrashed)
     assert sibling.result(GUARD) == "sibling"  # the stdlib: BrokenProcessPool for both
     assert executor.submit(_jobs.add, 2, 2).result(GUARD) == 4
+
+
+# -- a program that exits without waiting -----------------------------------------------------
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from zett_agent.process import ProcessPoolExecutor
+
+    def held(ready, go, out):
+        with open(ready, "w") as stream:
+            stream.write(f"{os.getpid()}\\n")
+        with open(go) as stream:
+            line = stream.readline()
+        with open(out, "w") as stream:
+            stream.write(line)
+
+    def queued(out):
+        with open(out, "w") as stream:
+            stream.write("queued ran\\n")
+
+    containment, how, ready, go, first, second = sys.argv[1:]
+    executor = ProcessPoolExecutor(1, containment=containment)
+    executor.submit(held, ready, go, first)
+    executor.submit(queued, second)  # waits behind the first: one worker
+    if how == "shutdown(wait=False)":
+        executor.shutdown(wait=False)
+    print("leaving", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["no shutdown", "shutdown(wait=False)"])
+def test_a_program_that_exits_without_waiting_finishes_its_jobs_quietly(
+    containment: str, tmp_path: Path, how: str
+) -> None:
+    # as the stdlib's pool: interpreter exit waits for the running and the queued job, then
+    # closes the pool; nothing on stderr, nothing left running
+    script = tmp_path / "leave.py"
+    script.write_text(EXIT_SCRIPT)
+    ready, go = str(tmp_path / "ready"), str(tmp_path / "go")
+    os.mkfifo(ready)
+    os.mkfifo(go)
+    # held open here: the job's open() of either never blocks, and neither does the test's
+    keep, hear = os.open(go, os.O_RDWR), os.open(ready, os.O_RDWR)
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = [containment, how, ready, go, str(first), str(second)]
+    try:
+        with subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as program:
+            assert program.stdout is not None and program.stderr is not None
+            assert select.select([hear], [], [], GUARD)[0], "the first job never ran"
+            worker = int(os.read(hear, 100))  # the first job runs, held on go
+            assert program.stdout.readline() == "leaving\n"  # the program's code is done
+            assert program.poll() is None and not first.exists() and not second.exists()
+            os.write(keep, b"go on\n")
+            stdout, stderr = program.communicate(timeout=GUARD)
+    finally:
+        os.close(keep)
+        os.close(hear)
+    assert (program.returncode, stdout, stderr) == (0, "", "")
+    assert first.read_text() == "go on\n"
+    assert second.read_text() == "queued ran\n"
+    assert gone(worker)
 
 
 # -- over a pool of one's own, on its event loop ------------------------------------------------

@@ -48,11 +48,12 @@ class SubAgentDefinition:
             unless the extension sets one). The runner enforces it before any of the child's
             code runs; the task info's ``sandbox`` entry says what was enforced.
         token_budget: Input plus output tokens the child may use, as its model reports them
-            (for a child whose calls the parent brokers, as the parent counts them, its own
-            children's calls included); ``None`` means no limit. When a response takes it
-            past the budget, the child's whole tree is killed and the task fails with
-            ``token budget exceeded (used U of N tokens)`` (the foreground ``subagent`` tool
-            fails the same way).
+            (for a child whose calls the parent brokers, as the parent counts them: reported
+            usage, else an estimate, its own children's calls included); ``None`` means no
+            limit. When a response takes it past the budget (or, brokered, before a call that
+            would), the child's whole tree is killed and the task fails with ``token budget
+            exceeded (used U of N tokens)`` (the foreground ``subagent`` tool fails the same
+            way).
 
     Raises:
         TypeError: a field has the wrong type (for example ``limits={"timeout": 1}``).

@@ -77,11 +77,17 @@ class TaskGuard(TaskPart):
     ``task_stalled`` hook as they are now.
     """
 
-    def tokens_counted(self, task: SubAgentTask) -> None:
-        """The task's usage grew: add it to its session's, then stop what went past a budget.
+    def tokens_counted(self, task: SubAgentTask, more: int = 0) -> bool:
+        """The task's usage changed: add it to its session's, then stop what went past a budget.
 
-        Runs on the loop for every usage report (and, for a brokered child, every response
-        the parent relayed), so it only compares numbers; a stop kills in the background.
+        Runs on the loop for every usage report (and, for a brokered child, as the parent's
+        count of its calls changes), so it only compares numbers; a stop kills in the
+        background. ``more`` is the estimated input of the model call a brokered child is about
+        to make: a call that would take the task past its budget, or its session to its
+        budget, stops the task before it is made.
+
+        Returns whether the task may go on (``False`` once it is stopped or ended: the parent
+        then makes no more model calls for it).
         """
         job = task.job
         if task.trusted_tokens and job is not None and isinstance(job, CountsTokens):
@@ -97,23 +103,35 @@ class TaskGuard(TaskPart):
                     self._registry.write_progress(task)
         used = task.total_tokens
         delta = used - task.counted_tokens
-        if delta <= 0:
-            return
-        task.counted_tokens = used
         session = self._registry.sessions.get(task.parent_session_id)  # per usage report
-        if session is not None and session.tasks.get(task.task_id) is task:
-            session.spent_tokens += delta
-            store = self._registry.store
-            if store is not None:
-                store.set_spent(task.parent_session_id, session.spent_tokens)
         budget = task.token_budget
-        if budget is not None and used > budget:
-            self.stop(task, f"token budget exceeded (used {used} of {budget} tokens)")
         limit = self._owner.session_token_budget
-        if session is not None and limit is not None and session.spent_tokens >= limit:
-            spent = session.spent_tokens
-            for other in session.running():
-                self.stop(other, f"session token budget exceeded (used {spent} of {limit} tokens)")
+        if delta:  # down too: a brokered call's estimate settled at the usage reported
+            task.counted_tokens = used
+            if session is not None and session.tasks.get(task.task_id) is task:
+                session.spent_tokens += delta
+                store = self._registry.store
+                if store is not None:
+                    store.set_spent(task.parent_session_id, session.spent_tokens)
+        if delta > 0:
+            if budget is not None and used > budget:
+                self.stop(task, f"token budget exceeded (used {used} of {budget} tokens)")
+            if session is not None and limit is not None and session.spent_tokens >= limit:
+                spent = session.spent_tokens
+                for other in session.running():
+                    self.stop(
+                        other, f"session token budget exceeded (used {spent} of {limit} tokens)"
+                    )
+        if more > 0:
+            needs = f"and its next model call needs about {more} more"
+            if budget is not None and used + more > budget:
+                self.stop(task, f"token budget exceeded (used {used} of {budget} tokens, {needs})")
+            spent = session.spent_tokens if session is not None else 0
+            if session is not None and limit is not None and spent + more >= limit:
+                self.stop(
+                    task, f"session token budget exceeded (used {spent} of {limit} tokens, {needs})"
+                )
+        return task.stop_reason is None and not task.done()
 
     def stop(self, task: SubAgentTask, reason: str) -> None:
         """Kill the task's child (its whole tree) because of ``reason``.

@@ -124,7 +124,7 @@ class TaskStarter:
         """Count the started task's tokens as its job reports them, and start its watcher."""
         if isinstance(job, CountsTokens) and job.tokens() is not None:
             task.trusted_tokens = True
-            job.on_tokens(lambda: self.guard.tokens_counted(task))
+            job.on_tokens(lambda more: self.guard.tokens_counted(task, more))
         task.watcher = asyncio.get_running_loop().create_task(
             self.watcher.watch(task, trace), name=f"zett-agent-{task.task_id}"
         )

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures as cf
+import concurrent.futures.thread  # noqa: F401  (its exit hook comes before ours: see the end)
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -255,8 +255,10 @@ class ProcessPoolExecutor(PoolExecutor):
     The pool runs on a private event loop thread, started here; ``shutdown()`` closes it
     (after the futures are done, with ``wait=True``; in the background otherwise, once they
     are). ``pool_options`` are ``ProcessPool``'s keyword options (``max_jobs_per_worker``,
-    ``containment``, ``preload``, ...). A program that exits without ``shutdown()`` has its
-    processes killed at exit.
+    ``containment``, ``preload``, ...). A program that exits without ``shutdown()`` finishes
+    what it submitted first, as with the standard library: at interpreter exit (before the
+    thread pools stop) the executor waits for its running and queued jobs, then closes its
+    pool, quietly.
 
     Raises ``TypeError`` and ``ValueError`` for bad options (as ``ProcessPool``), and
     ``zett_agent.process.ProcessError`` when the pool cannot start here.
@@ -279,7 +281,8 @@ class ProcessPoolExecutor(PoolExecutor):
             self._thread.join()
             raise
         super().__init__(pool, loop)
-        _LIVE[self] = self._pending
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     @property
     def pool(self) -> ProcessPool:
@@ -290,7 +293,7 @@ class ProcessPoolExecutor(PoolExecutor):
         """As ``PoolExecutor.shutdown``, then close the pool.
 
         At once with ``wait=True`` (every process gone when this returns), else in the background
-        once the futures are done.
+        once the futures are done (and the interpreter's exit waits for that).
         """
         super().shutdown(wait, cancel_futures=cancel_futures)
         with self._pending.lock:
@@ -299,11 +302,16 @@ class ProcessPoolExecutor(PoolExecutor):
                 self._closed = asyncio.run_coroutine_threadsafe(
                     _close_after(self._pool, pending, self._loop), self._loop
                 )
+                # until then the exit hook waits for it (after shutdown(wait=False) too)
+                self._closed.add_done_callback(self._gone)
             closed = self._closed
-        _LIVE.pop(self, None)
         if wait:
             closed.result()
             self._thread.join()
+
+    def _gone(self, _closed: object) -> None:
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
 
 def _serve(loop: asyncio.AbstractEventLoop, pool: ProcessPool, started: cf.Future[None]) -> None:
@@ -337,13 +345,28 @@ async def _close_after(
         loop.call_soon(loop.stop)
 
 
-#: executors not shut down yet, with their pending futures; at exit their processes are killed
-_LIVE: weakref.WeakKeyDictionary[ProcessPoolExecutor, _Pending] = weakref.WeakKeyDictionary()
+#: executors not shut down yet (held: their pool and loop thread live on without them anyway)
+_LIVE: set[ProcessPoolExecutor] = set()
+_LIVE_LOCK = threading.Lock()
 
 
-@atexit.register
 def _at_exit() -> None:
-    for executor, pending in list(_LIVE.items()):
-        for future in pending.snapshot():  # running ones too: nothing may outlive the program
-            future.cancel()
+    """At interpreter exit: shut down every executor the program left open, as ``wait=True``.
+
+    What the standard library's ``ProcessPoolExecutor`` does: the jobs submitted (running or
+    queued) finish, then the pool closes. It runs among ``threading``'s exit hooks, before the
+    non-daemon threads are joined and before the ``atexit`` callbacks; the hooks run last
+    registered first, and ``concurrent.futures.thread``'s (which stops every thread pool, the
+    event loops' default executors and the engine's cleanup threads among them) was registered
+    when this module imported it, before ours: the thread pools still work while ours runs.
+    """
+    while True:
+        with _LIVE_LOCK:
+            if not _LIVE:
+                return
+            executor = _LIVE.pop()
         executor.shutdown(wait=True)
+
+
+# ``threading._register_atexit`` is CPython's (the stdlib's executors use it); elsewhere, atexit
+getattr(threading, "_register_atexit", atexit.register)(_at_exit)

@@ -179,8 +179,14 @@ class CountsTokens(Protocol):
         """
         ...
 
-    def on_tokens(self, callback: Callable[[], object]) -> None:
-        """Call ``callback()`` (on the event loop) each time ``tokens()`` grew."""
+    def on_tokens(self, callback: Callable[[int], bool]) -> None:
+        """Call ``callback(more)`` on the event loop: ``tokens()`` changed, or a call comes.
+
+        ``more`` is ``0`` when ``tokens()`` changed, and the estimated input tokens of a model
+        call the runner is about to make for the child (before it makes it). ``False`` means
+        the child is being stopped (a budget): the runner makes no call for it from then on,
+        and closes those under way (each still charged).
+        """
         ...
 
 

@@ -32,6 +32,14 @@ parent's path. A request is checked as hostile data (exact keys, exact types) a 
 time, at most 2 ms per event-loop callback, as the engine decodes frames. When the child ends
 (completes, fails, is killed or cancelled) every call it had open is cancelled, which closes
 its provider request.
+
+**What a call costs the child** (its token budget trusts these counts): each call is charged
+once, as it ends, whatever ends it (completed, closed or cancelled by the child, the child's
+death, an error, ``close()``): the usage its model reported, else an estimate from the request
+and what streamed (``_broker_usage``). A call under way holds its estimate in the counts, and
+the budget (``on_usage``) is asked before each call is made, with that call's input estimate,
+so parallel calls cannot each pass under it; then every ``_TELL_EVERY`` estimated output tokens
+and before the child gets a completed response. A budget that says stop closes the broker.
 """
 
 from __future__ import annotations
@@ -42,18 +50,23 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 
 from zett_agent._model import Model, ModelError, ModelEventKind, ModelRequest, TransientModelError
 from zett_agent._trace_models import ModelNotes, model_attributes
+from zett_agent.runners._broker_usage import (
+    CallCharge,
+    estimated_tokens,
+    request_chars_in_steps,
+    response_chars,
+)
 from zett_agent.runners._broker_wire import (
     KEY,
     MAX_ID,
     TOPIC,
     BadRequest,
-    advance,
     decode_request_in_steps,
     encode_error,
     encode_event,
@@ -74,6 +87,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 #: largest request a child may send (the engine's upper bound of its decoded size, in bytes)
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: model calls one child may have open at once
@@ -84,6 +99,8 @@ MAX_NOTICES = 64
 _MAX_NAME = 200
 #: longest stretch of checking one request in one event-loop callback
 _SLICE = 0.002
+#: estimated output tokens a streaming call adds before the budget hears of them again
+_TELL_EVERY = 256
 
 
 def brokerable(model: object) -> bool:
@@ -153,11 +170,17 @@ class Broker:
         self._notices: deque[dict[str, Any]] = deque()
         self._notifier: asyncio.Task[None] | None = None
         self._closed = False
-        #: the usage the models reported for the child's calls (its token budget trusts these)
+        #: the tokens of the child's calls: each ended call's charge (the usage its model
+        #: reported, else an estimate: ``_broker_usage``), plus the estimate each open call
+        #: holds so far; the child's token budget trusts these
         self.input_tokens = 0
         self.output_tokens = 0
-        #: called (on the loop) each time the counts above grew
-        self.on_usage: Callable[[], object] | None = None
+        #: the counts ``on_usage`` was last called with
+        self._told = (0, 0)
+        #: ``on_usage(more)``, on the loop: the counts above changed (``more=0``), or a call
+        #: estimated at ``more`` input tokens is about to be made; ``False`` stops the child's
+        #: calls (``close()``), that one first
+        self.on_usage: Callable[[int], object] | None = None
         #: calls served (started), refused, and refusals dropped (more than MAX_NOTICES queued)
         self.calls = 0
         self.refused = 0
@@ -246,34 +269,30 @@ class Broker:
         except BadRequest as exc:
             self._refuse(call_id, f"malformed request: {exc}")
             return
+        charge = CallCharge()
         task = self._loop.create_task(
-            self._serve(call_id, self._models[slot], request),
+            self._serve(call_id, self._models[slot], request, charge),
             name=f"zett-agent-broker-call-{call_id}",
         )
         self._calls[call_id] = task
         # a callback, not a ``finally``: a task cancelled before it started never runs one
-        task.add_done_callback(lambda _task: self._ended(call_id, task))
+        task.add_done_callback(lambda _task: self._ended(call_id, task, charge))
 
     # -- to the child -------------------------------------------------------------------------
 
-    async def _decode(
-        self, call_id: int, steps: Generator[None, None, ModelRequest]
-    ) -> ModelRequest | None:
-        """Decode the rest of a request, a slice at a time.
+    async def _in_slices(self, steps: Generator[None, None, _T]) -> _T:
+        """Run ``steps`` to its end, a slice at a time.
 
-        The rest of the request, checked a slice at a time (at most ``_SLICE`` seconds per
-        loop iteration, like the engine's own decoding); ``None`` once refused.
+        At most ``_SLICE`` seconds per loop iteration, like the engine's own decoding; raises
+        what ``steps`` raises.
         """
         deadline = time.perf_counter() + _SLICE
         while True:
             try:
-                request = advance(steps)
-            except BadRequest as exc:
-                self.refused += 1
-                await self._send_error(call_id, ModelError(f"malformed request: {exc}"))
-                return None
-            if request is not None:
-                return request
+                next(steps)
+            except StopIteration as done:
+                result: _T = done.value
+                return result
             if time.perf_counter() > deadline:
                 await asyncio.sleep(0)
                 deadline = time.perf_counter() + _SLICE
@@ -283,15 +302,32 @@ class Broker:
         call_id: int,
         model: Model,
         pending: ModelRequest | Generator[None, None, ModelRequest],
+        charge: CallCharge,
     ) -> None:
-        """Stream one call of the child from ``model``; its events, or its error, go back."""
-        request = pending if isinstance(pending, ModelRequest) else None
-        if request is None:
-            assert not isinstance(pending, ModelRequest)
-            request = await self._decode(call_id, pending)
-            if request is None:
+        """Stream one call of the child from ``model``; its events, or its error, go back.
+
+        What the call is charged is settled by ``_ended``; here it holds an estimate as it
+        goes, and the child's budget is asked before the call is made, every ``_TELL_EVERY``
+        estimated output tokens, and before the completed response reaches the child. When the
+        budget says stop, the call ends without a word to the child (which is being stopped).
+        """
+        if isinstance(pending, ModelRequest):
+            request = pending
+        else:
+            try:
+                request = await self._in_slices(pending)
+            except BadRequest as exc:
+                self.refused += 1
+                await self._send_error(call_id, ModelError(f"malformed request: {exc}"))
                 return
+        charge.input_chars = await self._in_slices(request_chars_in_steps(request))
+        if self._closed or not self._tell(estimated_tokens(charge.input_chars)):
+            return  # the child's budget cannot take this call: it is not made (nor charged)
+        self._charge(charge, charge.estimate())  # the call holds its input from now on
+        if not self._tell():
+            return
         self.calls += 1
+        charge.reached = True
         notes = ModelNotes()
         notes.collect()  # what the model notes for its span goes to the child with the answer
         try:
@@ -300,7 +336,22 @@ class Broker:
             try:
                 async for event in stream:
                     if event.kind is ModelEventKind.COMPLETED:
-                        self._count(event)  # before the child has it: a budget acts first
+                        response = event.response
+                        charge.streamed = True
+                        if response is not None:
+                            charge.reported = response.usage
+                            if response.usage is None:
+                                chars = response_chars(response.message)
+                                charge.output_chars = max(charge.output_chars, chars)
+                        self._charge(charge, charge.final())
+                        if not self._tell():  # before the child has it: a budget acts first
+                            return
+                    elif event.kind is ModelEventKind.TEXT_DELTA:
+                        charge.streamed = True
+                        charge.output_chars += len(event.text)
+                        self._charge(charge, charge.estimate())
+                        if self.output_tokens - self._told[1] >= _TELL_EVERY and not self._tell():
+                            return
                     answer = encode_event(call_id, event)
                     if event.kind is ModelEventKind.COMPLETED and notes.attributes:
                         answer["notes"] = notes.attributes
@@ -322,6 +373,8 @@ class Broker:
                     ),
                 )
         except ModelError as exc:
+            if exc.status is not None and not charge.streamed:
+                charge.refused = True  # an HTTP error answer: the provider did no work
             await self._send_error(call_id, exc)
         except asyncio.CancelledError:
             raise
@@ -334,17 +387,31 @@ class Broker:
                 ModelError(f"the parent's model failed ({type(exc).__name__}: {_short(str(exc))})"),
             )
 
-    def _count(self, event: Any) -> None:
-        usage = event.response.usage if event.response is not None else None
-        if usage is None:
-            return
-        self.input_tokens += max(0, int(usage.input_tokens))
-        self.output_tokens += max(0, int(usage.output_tokens))
-        if self.on_usage is not None:
+    # -- the count ----------------------------------------------------------------------------
+
+    def _charge(self, charge: CallCharge, amounts: tuple[int, int]) -> None:
+        """Make ``charge`` count for ``amounts``: the one place the totals change."""
+        self.input_tokens += amounts[0] - charge.input_tokens
+        self.output_tokens += amounts[1] - charge.output_tokens
+        charge.input_tokens, charge.output_tokens = amounts
+
+    def _tell(self, more: int = 0) -> bool:
+        """Tell ``on_usage`` the counts (and ``more``); whether the child's calls may go on.
+
+        ``False`` once the broker is closed; an answer ``False`` closes it. A callback that
+        raises is logged and taken as yes.
+        """
+        self._told = (self.input_tokens, self.output_tokens)
+        on_usage = self.on_usage
+        if on_usage is not None:
             try:
-                self.on_usage()
+                go_on = on_usage(more) is not False
             except Exception:
                 log.exception("a usage callback of the model broker raised; ignored")
+                go_on = True
+            if not go_on:
+                self.close()
+        return not self._closed
 
     async def _send(self, answer: dict[str, Any]) -> bool:
         """Send one answer (waiting while the child does not read).
@@ -387,9 +454,13 @@ class Broker:
                 return
             self._notices.popleft()
 
-    def _ended(self, call_id: int, task: asyncio.Task[None]) -> None:
+    def _ended(self, call_id: int, task: asyncio.Task[None], charge: CallCharge) -> None:
+        """A call's task ended, however it did: its charge is settled here, once."""
         if self._calls.get(call_id) is task:
             del self._calls[call_id]
+        self._charge(charge, charge.final())
+        if (self.input_tokens, self.output_tokens) != self._told:
+            self._tell()
         self._check_idle()
 
     def _notified(self, task: asyncio.Task[None]) -> None:
@@ -408,8 +479,10 @@ class Broker:
         Idempotent; usable as the job's done callback.
         """
         self._closed = True
+        current = asyncio.current_task(self._loop)
         for task in list(self._calls.values()):
-            task.cancel()
+            if task is not current:  # a call that closed the broker ends by itself
+                task.cancel()
         if self._notifier is not None:
             self._notifier.cancel()
         self._notices.clear()

@@ -72,9 +72,20 @@ class ProcessChildJob(WrappedJob):
         Returns once every process is reaped (and, for a brokered child, once the provider requests
         the parent made for it are closed).
         """
+        if self._broker is not None:
+            self._broker.close()  # first: no call is made for a child being stopped
         await self.job.cancel(grace=self._grace)
         if self._broker is not None:
-            self._broker.close()
+            await self._broker.wait_closed()
+
+    async def wait(self) -> None:
+        """Wait until the child ended (and, for a brokered child, its calls too).
+
+        Once this returns, ``tokens()`` holds the charge of every call made for the child.
+        """
+        await self.job.wait()
+        if self._broker is not None:
+            self._broker.close()  # as the job's done callback does, which may not have run yet
             await self._broker.wait_closed()
 
     async def send(self, message: Mapping[str, Any]) -> None:
@@ -88,12 +99,13 @@ class ProcessChildJob(WrappedJob):
     def tokens(self) -> tuple[int, int] | None:
         """The tokens of the model calls the parent made for a brokered child.
 
-        ``None`` for a child that calls its model itself.
+        Reported usage, else estimates (``_broker_usage``); the calls under way count their
+        estimate so far. ``None`` for a child that calls its model itself.
         """
         broker = self._broker
         return None if broker is None else (broker.input_tokens, broker.output_tokens)
 
-    def on_tokens(self, callback: Callable[[], object]) -> None:
+    def on_tokens(self, callback: Callable[[int], bool]) -> None:
         if self._broker is not None:
             self._broker.on_usage = callback
 
