@@ -1,9 +1,10 @@
 """``TaskStore``: the background-task registry in a sqlite3 file, so it survives a restart.
 
-One store belongs to one live host at a time: opening it takes an exclusive ``flock`` on a
-lock file next to it (``PATH.lock``, which names the holder), held until ``close()`` or the
-process's death (the kernel drops it, even on SIGKILL). A second opener, in another process
-or this one, gets ``TaskStoreError`` naming the holder: a lock, never a silent share.
+One store belongs to one live host at a time: opening it takes an exclusive ``flock`` on the
+store file itself (``_store_lock``), keyed on the file's identity (any symlink or hard link
+to it meets the same lock), held until ``close()`` or the process's death (the kernel drops
+it, even on SIGKILL). A second opener, in another process or this one, gets
+``TaskStoreError`` naming the holder's pid: a lock, never a silent share.
 
 The file is checked before anything is written to it (``_store_file``: its schema, lock and
 opening). A new (or empty) file gets the schema, in WAL mode with ``synchronous=NORMAL``: a
@@ -38,8 +39,8 @@ from zett_agent.extensions._store_file import (
     TaskStoreError,
     load,
     open_db,
-    take_lock,
 )
+from zett_agent.extensions._store_lock import take_lock
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -73,27 +74,30 @@ class TaskStore:
     closes it when it opened it from a path (a ``TaskStore`` you passed is yours to close).
 
     Args:
-        path: The sqlite3 file (created if missing). Its directory must exist. The lock file
-            ``PATH.lock`` and sqlite's ``PATH-wal`` and ``PATH-shm`` live next to it.
+        path: The sqlite3 file (created if missing; a symlink is followed). Its directory must
+            exist, on a local file system. sqlite's ``-wal`` and ``-shm`` files live next to
+            the file the path resolves to.
 
     Raises:
         TaskStoreError: another live host (or another ``TaskStore`` of this process) holds
-            the store; the file is not a task store, is damaged, or has a newer schema; it
-            cannot be opened (a missing directory, no permission). Nothing is written then.
+            the file, by whatever path (the message names its pid); the file is not a task
+            store, is damaged, has a newer schema, has more than one name (hard links), or is
+            not a regular file; it cannot be opened (a missing directory, no permission).
+            Nothing is written then.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._lock_fd = take_lock(self.path)
+        self._lock = take_lock(self.path)
         try:
-            self._db = open_db(self.path)
+            self._db = open_db(self._lock)
             try:
-                self.tasks, self.spent, self.counter = load(self._db, self.path)
+                self.tasks, self.spent, self.counter = load(self._db, self._lock.shown)
             except BaseException:
                 self._db.close()
                 raise
         except BaseException:
-            os.close(self._lock_fd)
+            self._lock.abandon()
             raise
         #: the extension using this store (one at a time)
         self.owner: object | None = None
@@ -185,7 +189,7 @@ class TaskStore:
                 await asyncio.shield(future)
         self._thread.join()  # it returns right after the flush above
         self._db.close()
-        os.close(self._lock_fd)
+        self._lock.release()
 
     # -- the writer thread --------------------------------------------------------------------
 

@@ -1,21 +1,21 @@
-"""A task store's file: its schema, its lock, and opening, checking and loading it.
+"""A task store's file: its schema, and opening, checking and loading it.
 
-``TaskStore`` (``_store``) calls these once, when it opens; nothing here runs after that.
-Opening takes an exclusive ``flock`` on ``PATH.lock`` (which names the holder), then checks
-the file before anything is written to it: a file that is not a sqlite database, not a
-zett_agent task store, damaged, or written by a newer schema raises ``TaskStoreError``
-naming it, and nothing in it is changed.
+``TaskStore`` (``_store``) calls these once, when it opens, with the file locked
+(``_store_lock``); nothing here runs after that. Opening checks the file before anything is
+written to it: a file that is not a sqlite database, not a zett_agent task store, damaged, or
+written by a newer schema raises ``TaskStoreError`` naming it, and nothing in it is changed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sqlite3
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zett_agent.extensions._store_lock import StoreLock
 
 __all__ = [
     "APPLICATION_ID",
@@ -24,7 +24,6 @@ __all__ = [
     "TaskStoreError",
     "load",
     "open_db",
-    "take_lock",
 ]
 
 #: the schema this version writes and reads (``PRAGMA user_version``)
@@ -105,56 +104,13 @@ class StoredTask:
 _ROW_FIELDS = tuple(StoredTask.__dataclass_fields__)
 
 
-def take_lock(path: str) -> int:
-    lock_path = path + ".lock"
+def open_db(lock: StoreLock) -> sqlite3.Connection:
+    """The store's connection, to the file ``lock`` holds (by its resolved path)."""
+    path = lock.shown
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise TaskStoreError(
-            f"cannot open the lock file of task store {path}: {exc.strerror} ({lock_path}); "
-            "check that its directory exists and is writable"
-        ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise TaskStoreError(
-            f"task store {path} is held by {holder}: one store serves one live host at a "
-            "time. Stop that host (the lock goes with it), or give this one a store file of "
-            "its own"
-        ) from None
-    except OSError as exc:
-        os.close(fd)
-        raise TaskStoreError(f"cannot lock task store {path}: {exc}") from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {time.time():.3f}\n".encode(), 0)
-    return fd
-
-
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it into the lock file."""
-    try:
-        pid_text, since = os.pread(fd, 100, 0).decode().split()
-        pid = int(pid_text)
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since)))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return "another live host"
-    if pid == os.getpid():
-        return f"another TaskStore of this process (opened {when}; close it first)"
-    return f"another live host (pid {pid}, since {when})"
-
-
-def open_db(path: str) -> sqlite3.Connection:
-    try:
-        fresh = os.path.getsize(path) == 0
-    except FileNotFoundError:
-        fresh = True
-    except OSError as exc:
-        raise TaskStoreError(f"cannot open task store {path}: {exc.strerror}") from exc
-    try:
+        fresh = os.fstat(lock.fd).st_size == 0
         # autocommit: transactions are explicit; the writer thread is the only user later
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(lock.real, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
         raise TaskStoreError(f"cannot open task store {path}: {exc}") from exc
     try:
