@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 
-from zett_agent.extensions._store_file import TaskStoreError
+from zett_agent.extensions._store_schema import TaskStoreError
 
 __all__ = ["StoreLock", "take_lock"]
 
