@@ -11,15 +11,17 @@ this one. What a store writes, it reads back.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hashlib
 import os
 import re
+import select
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -369,53 +371,56 @@ HOLDER = textwrap.dedent(
 )
 
 
-async def hold(path: Path) -> asyncio.subprocess.Process:
-    """Another host holding the store at ``path``, until its stdin closes."""
-    host = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLDER, str(path), stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert host.stdout is not None
-    async with asyncio.timeout(HANG_GUARD):
-        line = await host.stdout.readline()
-    if line != b"held\n":
-        host.kill()
-        await host.wait()
-        pytest.fail(f"the holder did not take the store: {line!r}")
-    return host
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Another host holding the store at ``path`` while the block runs; killed at its end.
+
+    A plain ``Popen``: the lock has nothing to do with an event loop (and asyncio's child
+    watcher would leave a thread finishing after the wait).
+    """
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as host:
+        try:
+            assert host.stdout is not None
+            ready, _, _ = select.select([host.stdout], [], [], HANG_GUARD)
+            line = host.stdout.readline() if ready else b""
+            assert line == b"held\n", f"the holder did not take the store: {line!r}"
+            yield host
+        finally:
+            host.kill()
+            host.wait()
 
 
-async def test_a_store_held_by_a_live_host_is_refused(tmp_path: Path) -> None:
+def test_a_store_held_by_a_live_host_is_refused(tmp_path: Path) -> None:
     store = tmp_path / "tasks.sqlite"
-    host = await hold(store)
-    try:
-        with pytest.raises(
+    with (
+        held(store) as host,
+        pytest.raises(
             TaskStoreError,
             match=re.escape(f"task store {store} is held by another live host (pid {host.pid})"),
-        ):
-            AsyncSubAgentExtension(store=store)
-    finally:
-        host.kill()
-        await host.wait()
+        ),
+    ):
+        AsyncSubAgentExtension(store=store)
     mine = TaskStore(store)  # the lock went with its holder; a second opener here is refused
     with pytest.raises(
         TaskStoreError, match=re.escape(f"another TaskStore of this process (pid {os.getpid()}")
     ):
         TaskStore(store)
-    await mine.close()
+    mine.close_now()
 
 
-async def test_a_held_store_is_refused_through_a_symlink_or_a_hard_link_naming_the_holder(
+def test_a_held_store_is_refused_through_a_symlink_or_a_hard_link_naming_the_holder(
     tmp_path: Path,
 ) -> None:
     real = tmp_path / "tasks.sqlite"
     (tmp_path / "elsewhere").mkdir()
-    host = await hold(real)
-    try:
-        aliases = {
-            "symlink": tmp_path / "link.sqlite",
-            "symlinked directory": tmp_path / "dirlink" / "tasks.sqlite",
-            "hard link": tmp_path / "elsewhere" / "hard.sqlite",
-        }
+    aliases = {
+        "symlink": tmp_path / "link.sqlite",
+        "symlinked directory": tmp_path / "dirlink" / "tasks.sqlite",
+        "hard link": tmp_path / "elsewhere" / "hard.sqlite",
+    }
+    with held(real) as host:
         os.symlink(real, aliases["symlink"])
         os.symlink(tmp_path, tmp_path / "dirlink")
         os.link(real, aliases["hard link"])
@@ -428,15 +433,15 @@ async def test_a_held_store_is_refused_through_a_symlink_or_a_hard_link_naming_t
                 ),
             ):
                 AsyncSubAgentExtension(store=alias)
-    finally:
-        host.kill()
-        await host.wait()
     # free, the file still has two names: a store by either would split sqlite's journal
     with pytest.raises(TaskStoreError, match="has 2 names \\(hard links\\)"):
         TaskStore(aliases["hard link"])
     os.unlink(aliases["hard link"])
     mine = TaskStore(aliases["symlink"])
     try:
+        # sqlite's side files are beside the real file, never beside the alias it was opened by
+        assert {"tasks.sqlite-wal", "tasks.sqlite-shm"} <= set(os.listdir(tmp_path))
+        assert not [name for name in os.listdir(tmp_path) if name.startswith("link.sqlite-")]
         for alias in (real, aliases["symlinked directory"]):
             with pytest.raises(
                 TaskStoreError,
@@ -448,25 +453,16 @@ async def test_a_held_store_is_refused_through_a_symlink_or_a_hard_link_naming_t
         with pytest.raises(TaskStoreError, match="another TaskStore of this process"):
             TaskStore(aliases["hard link"])
     finally:
-        await mine.close()
-    # sqlite's side files are beside the real file, never beside an alias
-    assert sorted(os.listdir(tmp_path)) == [
-        "dirlink", "elsewhere", "link.sqlite", "tasks.sqlite"
-    ]  # fmt: skip
+        mine.close_now()
 
 
-async def test_two_hosts_never_both_write_a_store_opened_by_two_names(tmp_path: Path) -> None:
+def test_two_hosts_never_both_write_a_store_opened_by_two_names(tmp_path: Path) -> None:
     """The report's case: through a symlink, a second host wrote the first one's task-2."""
     real = tmp_path / "tasks.sqlite"
     link = tmp_path / "link.sqlite"
     os.symlink(real, link)
-    host = await hold(link)
-    try:
-        with pytest.raises(TaskStoreError, match=re.escape(f"(pid {host.pid})")):
-            TaskStore(real)
-    finally:
-        host.kill()
-        await host.wait()
+    with held(link) as host, pytest.raises(TaskStoreError, match=re.escape(f"(pid {host.pid})")):
+        TaskStore(real)
 
 
 # -- writing ----------------------------------------------------------------------------------
