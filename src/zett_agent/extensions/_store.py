@@ -1,28 +1,31 @@
 """``TaskStore``: the background-task registry in a sqlite3 file, so it survives a restart.
 
-One store belongs to one live host at a time: opening it takes an exclusive ``flock`` on a
-lock file next to it (``PATH.lock``, which names the holder), held until ``close()`` or the
-process's death (the kernel drops it, even on SIGKILL). A second opener, in another process
-or this one, gets ``TaskStoreError`` naming the holder: a lock, never a silent share.
+One store belongs to one live host at a time: opening it takes an exclusive ``flock`` on the
+store file itself (``_store_lock``), keyed on the file's identity (any symlink or hard link
+to it meets the same lock), held until ``close()`` or the process's death (the kernel drops
+it, even on SIGKILL). A second opener, in another process or this one, gets
+``TaskStoreError`` naming the holder's pid: a lock, never a silent share.
 
-The file is checked before anything is written to it (``_store_file``: its schema, lock and
-opening). A new (or empty) file gets the schema, in WAL mode with ``synchronous=NORMAL``: a
-committed write survives the host's death (it is in the WAL file), and commits need no
-``fsync`` (a power cut may lose the last ones).
+Opening is all or nothing (``_store_file``): the whole file is read and checked (every row,
+every column's type and range, the JSON ones decoded) on a read-only connection before
+anything is written to it; any failure closes what was opened, releases the lock and
+changes nothing. A new (or empty) file gets the schema, in WAL mode with
+``synchronous=NORMAL``: a committed write survives the host's death (it is in the WAL file),
+and commits need no ``fsync`` (a power cut may lose the last ones).
 
 Reads happen once, when the store opens (the whole registry is in memory from then on).
 Writes happen in one background thread, never on the event loop: the loop only appends an
 operation to a queue (``insert``, ``update``, ``delete``...), and updates of one row that wait
-are merged into one. ``insert`` and ``flush`` return a future the loop may await for the
-commit. A write that fails is logged (once per kind of error) and the registry goes on in
-memory.
+are merged into one. Every value is written within its column's rule (``_store_schema``), so
+what a store writes it reads back. ``insert`` and ``flush`` return a future the loop may
+await for the commit. A write that fails is logged (once per kind of error) and the registry
+goes on in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -32,13 +35,14 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from zett_agent.extensions._store_file import (
+from zett_agent.extensions._store_file import connect, read
+from zett_agent.extensions._store_lock import take_lock
+from zett_agent.extensions._store_schema import (
     SCHEMA_VERSION,
     StoredTask,
     TaskStoreError,
-    load,
-    open_db,
-    take_lock,
+    stored,
+    stored_row,
 )
 
 __all__ = [
@@ -73,42 +77,48 @@ class TaskStore:
     closes it when it opened it from a path (a ``TaskStore`` you passed is yours to close).
 
     Args:
-        path: The sqlite3 file (created if missing). Its directory must exist. The lock file
-            ``PATH.lock`` and sqlite's ``PATH-wal`` and ``PATH-shm`` live next to it.
+        path: The sqlite3 file (created if missing; a symlink is followed). Its directory must
+            exist, on a local file system. sqlite's ``-wal`` and ``-shm`` files live next to
+            the file the path resolves to.
 
     Raises:
         TaskStoreError: another live host (or another ``TaskStore`` of this process) holds
-            the store; the file is not a task store, is damaged, or has a newer schema; it
-            cannot be opened (a missing directory, no permission). Nothing is written then.
+            the file, by whatever path (the message names its pid); the file is not a task
+            store, is damaged (the message names the first bad row and column), has a newer
+            schema, has more than one name (hard links), or is not a regular file; it cannot
+            be opened (a missing directory, no permission). Nothing in it is changed then,
+            and nothing stays open.
+
+    Attributes:
+        tasks: The tasks the file held when it was opened, oldest first (each checked).
+        spent: What each session's tasks had spent, in tokens.
+        counter: The last task number the file held.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._lock_fd = take_lock(self.path)
-        try:
-            self._db = open_db(self.path)
-            try:
-                self.tasks, self.spent, self.counter = load(self._db, self.path)
-            except BaseException:
-                self._db.close()
-                raise
-        except BaseException:
-            os.close(self._lock_fd)
-            raise
-        #: the extension using this store (one at a time)
-        self.owner: object | None = None
-        self.closed = False
-        self._cond = threading.Condition()
-        self._ops: deque[tuple[Any, ...]] = deque()
-        #: merged column values of rows whose update op waits in ``_ops``
-        self._updates: dict[tuple[str, str], dict[str, Any]] = {}
-        self._spent_waiting: dict[str, int] = {}
-        self._closing = False
-        self._errors: set[str] = set()
-        self._thread = threading.Thread(
-            target=self._write_forever, name=f"zett-agent-task-store {self.path}", daemon=True
-        )
-        self._thread.start()
+        with contextlib.ExitStack() as undo:  # on any failure: all that was opened, closed
+            self._lock = take_lock(self.path)
+            undo.callback(self._lock.abandon)
+            contents = read(self._lock)  # every row checked, nothing written
+            self.tasks, self.spent, self.counter = contents.tasks, contents.spent, contents.counter
+            self._db = connect(self._lock, fresh=contents.fresh)
+            undo.callback(self._db.close)
+            #: the extension using this store (one at a time)
+            self.owner: object | None = None
+            self.closed = False
+            self._cond = threading.Condition()
+            self._ops: deque[tuple[Any, ...]] = deque()
+            #: merged column values of rows whose update op waits in ``_ops``
+            self._updates: dict[tuple[str, str], dict[str, Any]] = {}
+            self._spent_waiting: dict[str, int] = {}
+            self._closing = False
+            self._errors: set[str] = set()
+            self._thread = threading.Thread(
+                target=self._write_forever, name=f"zett-agent-task-store {self.path}", daemon=True
+            )
+            self._thread.start()
+            undo.pop_all()
 
     def __repr__(self) -> str:
         return f"<TaskStore {self.path!r}{' closed' if self.closed else ''}>"
@@ -120,16 +130,31 @@ class TaskStore:
 
         Returns a future of the commit when called in a running loop (it raises what the
         write raised).
+
+        Raises:
+            TaskStoreError: An id of the row is longer than a store keeps (nothing queued).
         """
+        try:
+            values = stored_row(row)
+        except ValueError as exc:
+            raise TaskStoreError(f"task store {self.path}: {exc}") from None
         future = _future()
-        self._put(("insert", dict(row), future))
+        self._put(("insert", values, future))
         return future
 
     def update(self, parent_session_id: str, task_id: str, **columns: Any) -> None:
-        """Set columns of a stored task (merged with updates of it still waiting)."""
+        """Set columns of a stored task (merged with updates of it still waiting).
+
+        Raises:
+            ValueError: A column that is none of a task's, or a status or notice state that
+                is none of its column's (nothing queued).
+        """
         unknown = columns.keys() - _COLUMNS
         if unknown:
             raise ValueError(f"unknown task store columns: {sorted(unknown)}")
+        for name in ("status", "notice"):  # a state the store could not read back: a bug
+            if name in columns:
+                stored(name, columns[name])
         key = (parent_session_id, task_id)
         with self._cond:
             waiting = self._updates.get(key)
@@ -170,7 +195,8 @@ class TaskStore:
     async def close(self) -> None:
         """Write what is queued, stop the writer thread, close the file, release the lock.
 
-        Idempotent. If the caller is cancelled, closing completes in the background.
+        Idempotent. If the caller is cancelled, closing completes in the background: the
+        writer thread closes the file and releases the lock once the queue is written.
         """
         if self.closed:
             return
@@ -184,27 +210,44 @@ class TaskStore:
             with contextlib.suppress(Exception):
                 await asyncio.shield(future)
         self._thread.join()  # it returns right after the flush above
-        self._db.close()
-        os.close(self._lock_fd)
+
+    def close_now(self) -> None:
+        """Close at once, from any thread: write what is queued, then as ``close()``.
+
+        Blocks until the queued writes are done: for a store nothing was queued to yet (an
+        extension whose construction failed closes the store it opened with it).
+        """
+        if self.closed:
+            return
+        self.closed = True
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
 
     # -- the writer thread --------------------------------------------------------------------
 
     def _write_forever(self) -> None:
-        while True:
-            with self._cond:
-                while not self._ops and not self._closing:
-                    self._cond.wait()
-                if not self._ops:
-                    return
-                batch: list[tuple[Any, ...]] = []
-                while self._ops and len(batch) < _BATCH:
-                    op = self._ops.popleft()
-                    if op[0] == "update":
-                        op = ("update", op[1], self._updates.pop(op[1]))
-                    elif op[0] == "spent":
-                        op = ("spent", op[1], self._spent_waiting.pop(op[1]))
-                    batch.append(op)
-            self._write(batch)
+        """Write the queue until the store closes; then close the file, release the lock."""
+        try:
+            while True:
+                with self._cond:
+                    while not self._ops and not self._closing:
+                        self._cond.wait()
+                    if not self._ops:
+                        return
+                    batch: list[tuple[Any, ...]] = []
+                    while self._ops and len(batch) < _BATCH:
+                        op = self._ops.popleft()
+                        if op[0] == "update":
+                            op = ("update", op[1], self._updates.pop(op[1]))
+                        elif op[0] == "spent":
+                            op = ("spent", op[1], self._spent_waiting.pop(op[1]))
+                        batch.append(op)
+                self._write(batch)
+        finally:
+            self._db.close()
+            self._lock.release()
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
         futures = [op[-1] for op in batch if op[0] in ("insert", "flush")]
@@ -239,7 +282,7 @@ class TaskStore:
     def _apply(db: sqlite3.Connection, op: tuple[Any, ...], now: float) -> None:
         kind = op[0]
         if kind == "insert":
-            row = dict(op[1], updated_at=now)
+            row = dict(op[1], updated_at=stored("updated_at", now))
             number = row.pop("number")
             names = ", ".join(row)
             marks = ", ".join("?" for _ in row)
@@ -253,12 +296,12 @@ class TaskStore:
             )
         elif kind == "update":
             (parent, task_id), columns = op[1], op[2]
-            columns = {k: _column(v) for k, v in columns.items()}
+            columns = {k: stored(k, v) for k, v in columns.items()}
             sets = ", ".join(f"{name} = ?" for name in columns)
             db.execute(
                 f"UPDATE tasks SET {sets}, updated_at = ? "
                 "WHERE parent_session_id = ? AND task_id = ?",
-                [*columns.values(), now, parent, task_id],
+                [*columns.values(), stored("updated_at", now), parent, task_id],
             )
         elif kind == "delete":
             db.execute(
@@ -272,26 +315,8 @@ class TaskStore:
                 "INSERT INTO sessions (parent_session_id, spent_tokens) VALUES (?, ?) "
                 "ON CONFLICT (parent_session_id) "
                 "DO UPDATE SET spent_tokens = excluded.spent_tokens",
-                (op[1], _column(op[2])),
+                (op[1], stored("spent_tokens", op[2])),
             )
-
-
-#: what a sqlite INTEGER holds
-_INT64 = 2**63 - 1
-
-
-def _column(value: Any) -> Any:
-    """A column value: dicts and lists as JSON text, booleans as integers.
-
-    Ints are clamped to 64 bits: counts a child shaped must not make the write fail.
-    """
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return max(-_INT64, min(value, _INT64))
-    return value
 
 
 def _future() -> asyncio.Future[None] | None:

@@ -1,8 +1,10 @@
 """What a background task is in a ``TaskStore``: the row it is written as, and how it returns.
 
 ``task_row`` and ``progress_columns`` are what the registry writes of a task; ``restore_tasks``
-turns the rows a store loaded back into ended ``SubAgentTask`` objects, a task that was
-running when its host stopped as lost (``lost_reason`` says what it had done).
+turns the rows a store loaded (each checked when it opened) back into ended ``SubAgentTask``
+objects, a task that was running when its host stopped as lost (``lost_reason`` says what it
+had done). It writes nothing: what a lost task becomes is returned, for the registry to write
+once the whole restore succeeded.
 """
 
 from __future__ import annotations
@@ -45,24 +47,32 @@ def progress_columns(task: SubAgentTask) -> dict[str, Any]:
     }
 
 
+#: a restored session: its id, its tasks (each with whether its notice is owed), what it spent
+RestoredSession = tuple[str, list[tuple[SubAgentTask, bool]], int]
+#: a lost task to write back: the task, and its columns as ``TaskStore.update`` takes them
+LostTask = tuple[SubAgentTask, dict[str, Any]]
+
+
 def restore_tasks(
     store: TaskStore, *, notify: bool
-) -> list[tuple[str, list[tuple[SubAgentTask, bool]], int]]:
+) -> tuple[list[RestoredSession], list[LostTask]]:
     """The stored tasks as ended ``SubAgentTask`` objects, by session (oldest first).
 
     Each comes with whether its completion notice is still owed, each session with what it
     spent.
 
     A task stored as pending or running was lost with its host: it becomes ``failed`` with
-    ``lost`` set and an error that starts with ``lost:`` and says what it had done; that is
-    written back at once, and its notice is owed (with ``notify``).
+    ``lost`` set and an error that starts with ``lost:`` and says what it had done, and its
+    notice is owed (with ``notify``). Those are returned too, with the columns to write back:
+    nothing is written here.
     """
     now = time.monotonic()
+    lost: list[LostTask] = []
     sessions: dict[str, list[tuple[SubAgentTask, bool]]] = {}
     spent: dict[str, int] = dict(store.spent)
     used: dict[str, int] = {}
     for stored in store.tasks:
-        status = _status(stored.status)
+        status = SubAgentTaskStatus(stored.status)  # one of them: checked when it opened
         elapsed = stored.elapsed
         if elapsed is None:
             elapsed = max(0.0, stored.updated_at - stored.created_at)
@@ -98,28 +108,21 @@ def restore_tasks(
             task.lost = True
             task.error = lost_reason(task, status)
             due = notify
-            store.update(
-                task.parent_session_id,
-                task.task_id,
-                status=task.status.value,
-                lost=True,
-                error=task.error,
-                elapsed=elapsed,
-                notice="due" if due else "none",
-            )
+            columns = {
+                "status": task.status.value,
+                "lost": True,
+                "error": task.error,
+                "elapsed": elapsed,
+                "notice": "due" if due else "none",
+            }
+            lost.append((task, columns))
         sessions.setdefault(task.parent_session_id, []).append((task, due))
         used[task.parent_session_id] = used.get(task.parent_session_id, 0) + task.total_tokens
-    return [
+    restored = [
         (session_id, tasks, max(spent.get(session_id, 0), used.get(session_id, 0)))
         for session_id, tasks in sessions.items()
     ]
-
-
-def _status(value: str) -> SubAgentTaskStatus:
-    try:
-        return SubAgentTaskStatus(value)
-    except ValueError:
-        return SubAgentTaskStatus.RUNNING  # unknown: treat as not finished (lost)
+    return restored, lost
 
 
 def lost_reason(task: SubAgentTask, status: SubAgentTaskStatus) -> str:

@@ -270,12 +270,13 @@ class TaskRegistry:
         overlaps nothing a start needs; cancelling the caller leaves it running.
 
         Raises:
-            RuntimeError: The store could not write the row (the task must not start then).
+            RuntimeError: The store could not write the row, or refused it (an id longer than
+                a store keeps): the task must not start then.
         """
         if self.store is None:
             return
-        committed = self.store.insert(task_row(task, number))
         try:
+            committed = self.store.insert(task_row(task, number))
             if committed is not None:
                 await asyncio.shield(committed)
         except TaskStoreError as exc:
@@ -295,6 +296,9 @@ class TaskRegistry:
     ) -> int:
         """Take ``store`` (a path opens one) and restore its tasks; return its task counter.
 
+        All or nothing: if restoring fails, the registry is as it was, nothing was written to
+        the store, and a store opened here is closed again.
+
         Raises:
             ValueError: If the ``TaskStore`` is closed or serves another extension.
             TaskStoreError: If the file cannot be opened as a store (see ``TaskStore``).
@@ -307,12 +311,19 @@ class TaskRegistry:
                     f"{store!r} already serves another AsyncSubAgentExtension; one store "
                     "serves one extension (give each its own file)"
                 )
+            own = False
         else:
             store = TaskStore(store)
-            self._own_store = True
+            own = True
+        try:
+            self._restore(store, notify=notify, render=render)
+        except BaseException:
+            if own:
+                store.close_now()  # nothing was queued to it
+            raise
         store.owner = self._owner
         self.store = store
-        self.restore(notify=notify, render=render)
+        self._own_store = own
         return store.counter
 
     async def close_store(self) -> None:
@@ -329,23 +340,34 @@ class TaskRegistry:
                     await flushed
             store.owner = None
 
-    def restore(self, *, notify: bool, render: Callable[[SubAgentTask], str | None]) -> None:
-        """Take in the tasks the store holds (it was just opened).
+    def _restore(
+        self, store: TaskStore, *, notify: bool, render: Callable[[SubAgentTask], str | None]
+    ) -> None:
+        """Take in the tasks ``store`` holds (it was just opened), then write back the lost.
 
         Every one has ended: finished ones come back as they were, running ones as lost
         (failed), notices owed as owed (``render`` writes a notice of a task forgotten
-        meanwhile).
+        meanwhile). For a new registry: its records are built aside and taken in whole, and
+        the store is written to only then.
         """
-        store = self.store
-        assert store is not None
-        for session_id, tasks, spent in restore_tasks(store, notify=notify):
-            session = self.session(session_id)
+        restored, lost = restore_tasks(store, notify=notify)
+        aside = TaskRegistry(self._owner)
+        gone: list[tuple[str, str]] = []
+        for session_id, tasks, spent in restored:
+            session = aside.session(session_id)
             session.spent_tokens = max(session.spent_tokens, spent)
             for task, due in tasks:
                 session.add(task)
-                for gone in session.finish(task, notify=due, render=render):
-                    store.delete(session_id, gone)
-            self.refresh(session_id, session)
+                gone += ((session_id, g) for g in session.finish(task, notify=due, render=render))
+            aside.refresh(session_id, session)
+        self.sessions, self.idle = aside.sessions, aside.idle
+        self.forgotten, self.forgotten_spent = aside.forgotten, aside.forgotten_spent
+        for task, columns in lost:
+            store.update(task.parent_session_id, task.task_id, **columns)
+        for session_id, task_id in gone:
+            store.delete(session_id, task_id)
+        for session_id in aside.forgotten:  # beyond max_sessions: gone from the store too
+            store.delete_session(session_id)
 
     # -- writing ---------------------------------------------------------------------------
 
