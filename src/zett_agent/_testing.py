@@ -7,13 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
 from zett_agent._messages import AssistantMessage
-from zett_agent._model import (
-    ModelError,
-    ModelEvent,
-    ModelRequest,
-    ModelResponse,
-    RetryOptions,
-)
+from zett_agent._model import ModelError, ModelEvent, ModelRequest, ModelResponse, RetryOptions
 
 __all__ = ["FunctionModel", "ScriptExhaustedError", "ScriptedModel"]
 

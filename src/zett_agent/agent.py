@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from zett_agent._agent import (
+from zett_agent._runtime._agent import (
     Agent,
     AgentClosedError,
     AgentError,
     MaxTurnsExceeded,
     ModelStreamError,
 )
-from zett_agent._context import AgentRunConfig, AgentRunContext
+from zett_agent._runtime._context import AgentRunConfig, AgentRunContext
 from zett_agent._session import InMemorySessionStore, SessionData, SessionStore
 
 __all__ = [

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from zett_agent._client import AgentClient, create_agent
+from zett_agent._runtime._client import AgentClient, create_agent
 
 __all__ = ["AgentClient", "create_agent"]

@@ -69,7 +69,7 @@ def test_a_first_program_imports_its_names_from_the_package() -> None:
     # nor does the model adapter: its HTTP client is its own (zett_agent.models._http)
     assert out.stdout.split() == [
         "True",
-        "zett_agent._client",
+        "zett_agent._runtime._client",
         "zett_agent.models._openai",
         "True",
     ]

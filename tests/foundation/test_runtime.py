@@ -46,7 +46,7 @@ async def test_transient_model_errors_are_retried_with_the_configured_delays(
         delays.append(delay)
         return await real_sleep(0, result)
 
-    monkeypatch.setattr("zett_agent._agent.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr("zett_agent._runtime._agent.asyncio.sleep", fake_sleep)
     retry = RetryOptions(max_retries=3, initial_delay=0.5, backoff=2.0, max_delay=0.75)
     model = ScriptedModel(
         [TransientModelError("503"), ModelError("429", retryable=True), "finally"], retry=retry

@@ -9,9 +9,9 @@ from typing import Any
 from zett_agent._model import ModelEventKind, ModelRequest, RetryOptions
 from zett_agent.messages import UserMessage
 from zett_agent.process import emit
-from zett_agent.process._inbox import receive
-from zett_agent.runners._broker_wire import KEY, TOPIC
-from zett_agent.runners._standin import BrokeredModel
+from zett_agent.process._child._inbox import receive
+from zett_agent.runners._broker._standin import BrokeredModel
+from zett_agent.runners._broker._wire import KEY, TOPIC
 from zett_agent.tools import AgentTool
 
 _EMPTY: dict[str, Any] = {"type": "object", "properties": {}}

@@ -22,22 +22,16 @@ from zett_agent._model import (
     ToolSpec,
     Usage,
 )
-from zett_agent.messages import (
-    AgentMessage,
-    AssistantMessage,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-)
-from zett_agent.runners import _broker
-from zett_agent.runners._broker_usage import (
+from zett_agent.messages import AgentMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
+from zett_agent.runners._broker import _parent as _broker
+from zett_agent.runners._broker._usage import (
     CallCharge,
     estimated_tokens,
     request_chars,
     request_chars_in_steps,
     response_chars,
 )
-from zett_agent.runners._broker_wire import encode_request
+from zett_agent.runners._broker._wire import encode_request
 
 HANG_GUARD = 60
 

@@ -45,10 +45,11 @@ from zett_agent.messages import (
 )
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.process import ProcessPool, Sandbox
-from zett_agent.runners import ProcessRunner, _broker
-from zett_agent.runners._broker_usage import estimated_tokens
-from zett_agent.runners._broker_wire import BadRequest, decode_request, encode_request
-from zett_agent.runners._standin import BrokeredModel, relaying
+from zett_agent.runners import ProcessRunner
+from zett_agent.runners._broker import _parent as _broker
+from zett_agent.runners._broker._standin import BrokeredModel, relaying
+from zett_agent.runners._broker._usage import estimated_tokens
+from zett_agent.runners._broker._wire import BadRequest, decode_request, encode_request
 from zett_agent.testing import FunctionModel, ScriptedModel
 
 cloudpickle.register_pickle_by_value(kids)

@@ -26,13 +26,7 @@ from support.openai_loopback import (
     served_in_thread,
     sse,
 )
-from zett_agent.messages import (
-    AgentMessage,
-    AssistantMessage,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-)
+from zett_agent.messages import AgentMessage, AssistantMessage, ToolCall, ToolMessage, UserMessage
 from zett_agent.model import (
     Model,
     ModelError,

@@ -49,8 +49,8 @@ def growing_tree(path: str, depth: int, forks: int) -> None:
 
 def forge_result_then_spin(path: str) -> None:
     """Write a valid result frame of our own, then keep running: the engine must end us."""
-    from zett_agent.process._protocol import HEADER
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
+    from zett_agent.process._wire._protocol import HEADER
 
     record(path)
     payload = b'{"k":"result","v":"forged","u":{"cpu":0.0,"maxrss":0}}'

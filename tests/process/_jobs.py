@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from support.children import setsid_escapee
-from zett_agent.process import _protocol, emit
+from zett_agent.process import emit
+from zett_agent.process._wire import _protocol
 
 
 def add(a: int, b: int) -> int:
@@ -76,13 +77,13 @@ def return_unserializable() -> Any:
 
 
 def _write_raw(data: bytes) -> None:
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
 
     os.write(_channel_fd(), data)
 
 
 def die_mid_result() -> None:
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
 
     fd = _channel_fd()
     # a frame the parent accepts (under the protocol's largest), cut short by the death
@@ -184,7 +185,7 @@ def surrogate_text(n: int) -> str:
 
 def bad_text_result() -> None:
     """Announce a raw text result and send bytes that are not UTF-8."""
-    from zett_agent.process._worker import _channel
+    from zett_agent.process._child._worker import _channel
 
     assert _channel is not None
     _channel._send_frame(b'{"k":"begin","m":"result"}')

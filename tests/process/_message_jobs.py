@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from zett_agent.process import emit
-from zett_agent.process._inbox import receive, receive_blocking
+from zett_agent.process._child._inbox import receive, receive_blocking
 
 
 async def echo_async(count: int, topic: str = "") -> list[Any]:

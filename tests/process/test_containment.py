@@ -32,8 +32,8 @@ from zett_agent.process import (
     ProcessPool,
     ProtocolError,
     WorkerCrashed,
-    _cgroup,
 )
+from zett_agent.process._containment import _cgroup
 
 from . import _attacks, _jobs
 
@@ -456,7 +456,7 @@ async def test_tree_wide_limits_need_their_controller(containment: str) -> None:
 async def test_cgroup_containment_that_cannot_work_fails_start_saying_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zett_agent.process import _containment
+    from zett_agent.process._containment import _strategy as _containment
 
     monkeypatch.setattr(_containment._cgroup, "cgroup_problem", lambda: "no cgroup v2 here")
     pool = ProcessPool(1, containment="cgroup")

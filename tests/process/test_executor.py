@@ -26,12 +26,7 @@ import pytest
 
 from support.jobs import GUARD
 from support.liveness import alive
-from zett_agent.process import (
-    JobFailed,
-    ProcessPool,
-    ProcessPoolExecutor,
-    WorkerCrashed,
-)
+from zett_agent.process import JobFailed, ProcessPool, ProcessPoolExecutor, WorkerCrashed
 
 from . import _jobs
 

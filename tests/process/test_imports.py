@@ -12,7 +12,7 @@ PROBE = """
 import signal
 ended = []
 signal.signal(signal.SIGCHLD, lambda *_: ended.append(1))
-import zett_agent.process, zett_agent.process._launcher, zett_agent.process._worker
+import zett_agent.process, zett_agent.process._child._launcher, zett_agent.process._child._worker
 print(len(ended))
 """
 

@@ -11,8 +11,8 @@ import pytest
 
 from support.jobs import GUARD, first_event, outcome
 from zett_agent.process import JobStatus, ProcessJob, ProcessPool
-from zett_agent.process import _job as job_module
-from zett_agent.process._inbox import receive, receive_blocking
+from zett_agent.process._child._inbox import receive, receive_blocking
+from zett_agent.process._host import _job as job_module
 
 from . import _jobs, _message_jobs
 

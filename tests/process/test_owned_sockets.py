@@ -7,7 +7,7 @@ import gc
 import socket
 import warnings
 
-from zett_agent.process._owned import owned
+from zett_agent.process._host._owned import owned
 
 
 def test_an_owned_socket_collected_unclosed_closes_without_a_warning_of_its_own() -> None:

@@ -14,14 +14,8 @@ import pytest
 
 from support.jobs import GUARD, first_event, outcome
 from support.liveness import alive
-from zett_agent.process import (
-    JobFailed,
-    JobStatus,
-    ProcessPool,
-    ProtocolError,
-    WorkerCrashed,
-)
-from zett_agent.process._protocol import HEADER
+from zett_agent.process import JobFailed, JobStatus, ProcessPool, ProtocolError, WorkerCrashed
+from zett_agent.process._wire._protocol import HEADER
 
 from . import _jobs
 

@@ -304,7 +304,7 @@ def test_plain_pickle_only_where_cloudpickle_would_pickle_by_reference() -> None
 
     import cloudpickle
 
-    from zett_agent.process._pickling import _by_reference as _pickle_by_reference
+    from zett_agent.process._host._pickling import _by_reference as _pickle_by_reference
 
     fast = _pickle_by_reference((os.getpid, (_module_level, [1]), {}, None))
     assert fast is not None

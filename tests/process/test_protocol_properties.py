@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zett_agent.process import _strbuild
-from zett_agent.process._decode import Assembler, json_cost
-from zett_agent.process._encode import Encoder, check_value
-from zett_agent.process._protocol import CHUNK, HEADER, FrameDecoder, FrameError, decode_json
+from zett_agent.process._wire import _strbuild
+from zett_agent.process._wire._decode import Assembler, json_cost
+from zett_agent.process._wire._encode import Encoder, check_value
+from zett_agent.process._wire._protocol import CHUNK, HEADER, FrameDecoder, FrameError, decode_json
 
 CAP = 4096
 
@@ -560,7 +560,7 @@ def _containers(value: Any) -> list[tuple[Any, list[Any]]]:
 
 
 def test_an_exception_with_a_lone_surrogate_reaches_the_parent_escaped() -> None:
-    from zett_agent.process._encode import without_surrogates
+    from zett_agent.process._wire._encode import without_surrogates
 
     assert without_surrogates("plain") == "plain"
     assert without_surrogates("caf\xe9 \U0001f600") == "caf\xe9 \U0001f600"
@@ -568,7 +568,7 @@ def test_an_exception_with_a_lone_surrogate_reaches_the_parent_escaped() -> None
 
 
 def test_the_width_test_never_skips_a_string_that_may_hold_a_surrogate() -> None:
-    from zett_agent.process._protocol import _narrow, surrogate_in
+    from zett_agent.process._wire._protocol import _narrow, surrogate_in
 
     assert _narrow("caf\xe9") and _narrow("\xff" * 100) and _narrow("\xe9")
     for wide in ("\u0100", "a\u4e2d", "\U0001f600 x", "x\ud800"):

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from zett_agent.process import Sandbox, _caps, _landlock, _sandbox, _scratch, sandbox_support
+from zett_agent.process import Sandbox, sandbox_support
+from zett_agent.process._sandbox import _caps, _landlock, _scratch
+from zett_agent.process._sandbox import _options as _sandbox
 
 
 @pytest.mark.parametrize(
@@ -134,7 +136,7 @@ def test_a_ruleset_confines_only_the_process_that_enters_it(tmp_path: Path) -> N
     (tmp_path / "in").mkdir()
     code = (
         "import sys; sys.path[:0] = [sys.argv[1]]\n"
-        "from zett_agent.process import _landlock\n"
+        "from zett_agent.process._sandbox import _landlock\n"
         "v = _landlock.abi()[0]; r = _landlock.Ruleset(v, fs=True, tcp=False, scoped=False)\n"
         "r.allow(sys.argv[2], _landlock.write_rights(v)); r.allow('/', _landlock.read_rights(v))\n"
         "_landlock.set_no_new_privs(); r.restrict_self(); r.close()\n"
@@ -239,7 +241,7 @@ def _file_setattr_errno(reviewed: int | None) -> str:
     filter built with ``reviewed`` (``None``: no filter)."""
     code = (
         "import sys, ctypes, errno; sys.path[:0] = [sys.argv[1]]\n"
-        "from zett_agent.process import _landlock, _seccomp\n"
+        "from zett_agent.process._sandbox import _landlock, _seccomp\n"
         "if sys.argv[2] != 'none':\n"
         "    _landlock.set_no_new_privs()\n"
         "    _seccomp.load(_seccomp.program(True, True, int(sys.argv[2])))\n"
@@ -260,7 +262,7 @@ def _file_setattr_errno(reviewed: int | None) -> str:
 def test_a_system_call_newer_than_the_filter_knows_is_not_allowed_unseen() -> None:
     """The filter's bound: a call numbered above ``REVIEWED`` fails with ENOSYS, as on a kernel
     without it. Watched on ``file_setattr`` by lowering the bound just below it."""
-    from zett_agent.process import _seccomp
+    from zett_agent.process._sandbox import _seccomp
 
     if os.uname().machine not in ("x86_64", "aarch64"):
         pytest.skip("the bound is for x86_64 and aarch64")

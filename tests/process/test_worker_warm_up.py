@@ -29,11 +29,10 @@ print(json.dumps(seen))
 
 
 def observe(warm: bool) -> dict[str, object]:
-    warm_up = (
-        "from zett_agent.process import _worker; _worker._warm_up(False, True)\n" if warm else ""
-    )
+    warm_up = "from zett_agent.process._child import _worker; _worker._warm_up(False, True)\n"
+    warm_up = warm_up if warm else ""
     done = subprocess.run(
-        [sys.executable, "-c", "import zett_agent.process._worker\n" + warm_up + PROBE],
+        [sys.executable, "-c", "import zett_agent.process._child._worker\n" + warm_up + PROBE],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,7 +8,7 @@ from typing import Any
 async def take_messages(count: int) -> list[Any]:
     """A pool job: say it runs, then return the next ``count`` task messages it was sent."""
     from zett_agent.process import emit
-    from zett_agent.process._inbox import receive
+    from zett_agent.process._child._inbox import receive
     from zett_agent.runners._child_inbox import MESSAGE_TOPIC
 
     emit("ready")

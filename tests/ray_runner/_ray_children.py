@@ -282,8 +282,8 @@ def return_lone_surrogate() -> dict[str, str]:
 def raw_lone_surrogate_frame() -> None:
     """Write, by hand, an event frame whose JSON escapes a lone surrogate into the result
     channel (bypassing ``emit``'s check); then wait to be killed."""
-    from zett_agent.process._protocol import HEADER
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
+    from zett_agent.process._wire._protocol import HEADER
 
     payload = b'{"k":"event","v":{"kind":"progress","note":"\\udfff"}}'
     os.write(_channel_fd(), HEADER.pack(len(payload)) + payload)

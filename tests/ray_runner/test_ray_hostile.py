@@ -24,7 +24,7 @@ from support.containment import CONTAINMENTS
 from support.liveness import gone
 from support.survivors import survivors
 from zett_agent.process import JobFailed, ProtocolError, WorkerCrashed
-from zett_agent.runners import _ray_cluster
+from zett_agent.runners._ray import _ray_cluster
 from zett_agent.runners.ray import RayRunner
 
 pytestmark = pytest.mark.ray

@@ -18,8 +18,8 @@ import pytest
 from _ray_testing import BOUND
 
 from zett_agent.process import ProcessJob, ProcessPool
-from zett_agent.runners import _ray_inbox
-from zett_agent.runners._ray_inbox import (
+from zett_agent.runners._ray import _ray_inbox
+from zett_agent.runners._ray._ray_inbox import (
     NodeInbox,
     deliver,
     request_line,
@@ -118,7 +118,7 @@ async def test_the_inbox_serves_a_bounded_number_of_connections(tmp_path: Path) 
 
 _OPENS_AN_INBOX = """
 import asyncio, json, os, sys
-from zett_agent.runners import _ray_inbox
+from zett_agent.runners._ray import _ray_inbox
 
 async def main():
     inbox = _ray_inbox.NodeInbox(lambda: None)

@@ -22,7 +22,7 @@ from support.containment import CONTAINMENTS
 from support.liveness import gone
 from support.ray_cluster import driver
 from zett_agent.process import JobCancelled, WorkerCrashed
-from zett_agent.runners import _ray_cluster
+from zett_agent.runners._ray import _ray_cluster
 from zett_agent.runners.ray import RayRunner
 
 pytestmark = pytest.mark.ray

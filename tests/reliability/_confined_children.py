@@ -286,7 +286,9 @@ def _ruleset_fds() -> int:
 
 
 def _shared_part(network: str) -> str:
-    from zett_agent.process import Sandbox, _policy, _sandbox
+    from zett_agent.process import Sandbox
+    from zett_agent.process._sandbox import _options as _sandbox
+    from zett_agent.process._sandbox import _policy
 
     account = _sandbox.resolve_account(None)
     return _policy.shared_part(Sandbox(network=network), account, landlock_abi=99, seccomp=True)
@@ -295,7 +297,7 @@ def _shared_part(network: str) -> str:
 def prepare_as_a_spare(network: str) -> int:
     """Prepare what a spare of a pool sandboxing jobs of ``network``'s kind prepares; return
     how many rulesets this worker then holds."""
-    from zett_agent.process import _ruleset
+    from zett_agent.process._sandbox import _ruleset
 
     _ruleset.prepare(_shared_part(network))
     return _ruleset_fds()
@@ -320,8 +322,9 @@ def confine_after_preparing(
     worker for a job of ``network_``'s, as a sandboxed job's worker does, and try the network."""
     import json
 
-    from zett_agent.process import Sandbox, _confine, _policy, _ruleset
-    from zett_agent.process._worker import current_channel
+    from zett_agent.process import Sandbox
+    from zett_agent.process._child._worker import current_channel
+    from zett_agent.process._sandbox import _confine, _policy, _ruleset
 
     channel = current_channel()
     assert channel is not None

@@ -20,7 +20,7 @@ from typing import Any
 from zett_agent.messages import AssistantMessage
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions
 from zett_agent.process import emit
-from zett_agent.process._protocol import HEADER
+from zett_agent.process._wire._protocol import HEADER
 from zett_agent.tools import AgentTool
 
 # ------------------------------------------------------------------ hostile child-side code
@@ -41,7 +41,7 @@ def malicious_pickle(marker: str) -> bytes:
 
 
 def channel_fd() -> int:
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
 
     return _channel_fd()
 

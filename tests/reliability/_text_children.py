@@ -18,7 +18,7 @@ from support.scripted_models import StepModel
 from zett_agent.messages import AssistantMessage, ToolCall
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent.process import emit
-from zett_agent.process._protocol import HEADER
+from zett_agent.process._wire._protocol import HEADER
 from zett_agent.tools import AgentTool
 
 #: a lone surrogate: Python holds it, UTF-8 cannot encode it
@@ -56,7 +56,7 @@ def frame(payload: bytes) -> bytes:
 def write_frames(payloads: list[bytes]) -> None:
     """Tell the parent our pid, write ``payloads`` as frames into the result channel, wait to
     be killed."""
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
 
     emit(os.getpid())
     os.write(_channel_fd(), b"".join(frame(p) for p in payloads))
@@ -83,7 +83,7 @@ def raise_lone_surrogate() -> None:
 
 def emoji_pair() -> str:
     """An escaped surrogate pair, written by hand: a valid emoji."""
-    from zett_agent.process._worker import _channel_fd
+    from zett_agent.process._child._worker import _channel_fd
 
     os.write(_channel_fd(), frame(b'{"k":"event","v":"\\ud83d\\ude00 \\uD83D\\uDE00"}'))
     return "\U0001f600"

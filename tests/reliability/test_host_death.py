@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from support.host_death import harnessed_host, read_line
-from zett_agent.process._cgroup import DIR_NAME, cgroup_problem
+from zett_agent.process._containment._cgroup import DIR_NAME, cgroup_problem
 
 CHILDREN = 3
 
@@ -116,7 +116,7 @@ def cgroup_base() -> str | None:
     """Where this process's pools put their cgroups (None without cgroup containment)."""
     if cgroup_problem() is not None:
         return None
-    from zett_agent.process._cgroup import _base
+    from zett_agent.process._containment._cgroup import _base
 
     host, _ = _base()
     return None if host is None else f"{host}/{DIR_NAME}"

@@ -39,7 +39,7 @@ from zett_agent.process import (
     ProtocolError,
     WorkerCrashed,
 )
-from zett_agent.process._protocol import HEADER, TEXT_SLICE
+from zett_agent.process._wire._protocol import HEADER, TEXT_SLICE
 
 MB = 1 << 20
 

@@ -23,7 +23,7 @@ import pytest
 
 from support.liveness import alive
 from zett_agent.process import JobCancelled, JobStatus, ProcessPool
-from zett_agent.process._cgroup import JOB_MAX_DEPTH, JOB_MAX_DESCENDANTS, remove_tree
+from zett_agent.process._containment._cgroup import JOB_MAX_DEPTH, JOB_MAX_DESCENDANTS, remove_tree
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only root may create cgroups here")
 

@@ -29,13 +29,8 @@ from support.scripted_models import tool_results
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
 from zett_agent.messages import AgentMessage, AssistantMessage, ToolMessage
-from zett_agent.process import (
-    JobFailed,
-    JobUsage,
-    ProcessPool,
-    ProtocolError,
-    _strbuild,
-)
+from zett_agent.process import JobFailed, JobUsage, ProcessPool, ProtocolError
+from zett_agent.process._wire import _strbuild
 from zett_agent.runners import InProcessRunner
 from zett_agent.tools import AgentTool
 

@@ -32,8 +32,8 @@ from zett_agent.process import (
     Sandbox,
     SandboxUnavailable,
 )
-from zett_agent.process._landlock import abi
-from zett_agent.process._seccomp import available
+from zett_agent.process._sandbox._landlock import abi
+from zett_agent.process._sandbox._seccomp import available
 
 GUARD = 30.0
 _ABI, _WHY = abi()

@@ -28,8 +28,8 @@ import _kernel_objects as kernel
 import pytest
 
 from support.world import INTERPRETER, SRC, World, unavailable
-from zett_agent.process._landlock import abi
-from zett_agent.process._seccomp import available
+from zett_agent.process._sandbox._landlock import abi
+from zett_agent.process._sandbox._seccomp import available
 
 GUARD = 120
 _ABI, _WHY = abi()

@@ -16,7 +16,7 @@ import _confined_children as confined
 import pytest
 
 from zett_agent.process import ProcessPool
-from zett_agent.process._landlock import abi
+from zett_agent.process._sandbox._landlock import abi
 
 GUARD = 30.0
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from support.host_death import harnessed_host, read_line
-from zett_agent.process._landlock import abi
+from zett_agent.process._sandbox._landlock import abi
 
 _ABI, _WHY = abi()
 

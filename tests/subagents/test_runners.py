@@ -25,26 +25,15 @@ from support.scripted_models import ToolsThenAnswer as ChildModel
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions._preload import child_modules
-from zett_agent.extensions._runner import failure_reason
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.extensions.tool_guidelines import ToolGuidelinesExtension
 from zett_agent.messages import AssistantMessage
 from zett_agent.models.openai import OpenAIChatModel
-from zett_agent.process import (
-    JobFailed,
-    JobTimeout,
-    LimitExceeded,
-    ProcessError,
-    WorkerCrashed,
-)
-from zett_agent.runners import (
-    ChildJob,
-    ChildRunner,
-    InProcessRunner,
-    ProcessRunner,
-)
+from zett_agent.process import JobFailed, JobTimeout, LimitExceeded, ProcessError, WorkerCrashed
+from zett_agent.runners import ChildJob, ChildRunner, InProcessRunner, ProcessRunner
 from zett_agent.runners._preload import RUNTIME_MODULES
+from zett_agent.runners._report import failure_reason
 from zett_agent.tools import tool
 
 HANG_GUARD = 60

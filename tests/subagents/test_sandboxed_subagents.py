@@ -24,7 +24,7 @@ from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgen
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
 from zett_agent.messages import AssistantMessage
 from zett_agent.process import ProcessLimits, Sandbox, SandboxUnavailable
-from zett_agent.process._landlock import abi
+from zett_agent.process._sandbox._landlock import abi
 from zett_agent.runners import InProcessRunner
 from zett_agent.runners._refused import RefusedJob
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from zett_agent.extensions._store_schema import MAX_COUNT, MAX_ID_BYTES, MAX_TEXT_BYTES
+from zett_agent.extensions._tasks._store_schema import MAX_COUNT, MAX_ID_BYTES, MAX_TEXT_BYTES
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,

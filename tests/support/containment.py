@@ -6,7 +6,7 @@ A strategy the machine cannot offer is skipped, saying why: ``problem(kind)``.
 
 from __future__ import annotations
 
-from zett_agent.process._cgroup import cgroup_problem
+from zett_agent.process._containment._cgroup import cgroup_problem
 
 #: each containment strategy of the engine
 CONTAINMENTS = ("cgroup", "scan")

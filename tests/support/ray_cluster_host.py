@@ -40,7 +40,7 @@ PR_SET_CHILD_SUBREAPER = 36
 #: processes Ray starts under a raylet that are not workers
 AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 #: in the command line of a pool's launcher (and of the workers it forks)
-LAUNCHER = "zett_agent.process._launcher"
+LAUNCHER = "zett_agent.process._child._launcher"
 NODE_ARGS: dict[str, Any] = {
     "object_store_memory": 80 * 2**20,
     "node_ip_address": "127.0.0.1",
@@ -236,7 +236,7 @@ def _task_cgroups(ever: set[int]) -> list[str]:
     it) is the engine's to remove: the next pool on that host cgroup does, once it is stale.
     Cgroups of pools this cluster did not start (other programs on the machine) are not
     looked at."""
-    from zett_agent.process import _cgroup
+    from zett_agent.process._containment import _cgroup
 
     host, _ = _cgroup._base()
     if host is None:
@@ -258,7 +258,7 @@ def _task_cgroups(ever: set[int]) -> list[str]:
 
 
 def _remove_task_cgroup_base() -> None:
-    from zett_agent.process import _cgroup
+    from zett_agent.process._containment import _cgroup
 
     host, _ = _cgroup._base()
     if host is not None:

@@ -21,7 +21,7 @@ from support.openai_loopback import LoopbackServer, Reply, sse
 from support.parent import run_parent, worker
 from support.scripted_models import ToolsThenAnswer
 from support.tracing import by_name, exported_spans
-from zett_agent import _trace_attributes
+from zett_agent._tracing import _base as _trace_attributes
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
@@ -65,7 +65,7 @@ def exporter() -> Iterator[Any]:
 
 def test_every_name_the_runtime_has_a_constant_for_is_the_conventions() -> None:
     """Collected from the module, not copied: each string constant of
-    ``zett_agent._trace_attributes`` is a conventions attribute name, a name of the runtime's
+    ``zett_agent._tracing._base`` is a conventions attribute name, a name of the runtime's
     own namespace, an operation name or a provider name the conventions list (but for the
     one documented custom provider value)."""
     constants = {

@@ -19,13 +19,13 @@ from support.parent import run_parent, worker
 from support.scripted_models import StepModel, tool_results
 from support.scripted_models import ToolsThenAnswer as ChildModel
 from support.tracing import CRASH, FORGE, TRACEPARENT, by_name, exported_spans, traceparent_of
-from zett_agent._span_relay import MAX_DEPTH
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 from zett_agent.extensions.subagent import SubAgentExtension
 from zett_agent.process import ProcessLimits
 from zett_agent.runners import InProcessRunner
+from zett_agent.runners._span_relay import MAX_DEPTH
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need the otel extra")
 from opentelemetry.trace import SpanKind, StatusCode

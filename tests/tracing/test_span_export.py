@@ -17,8 +17,8 @@ import pytest
 from support.calls import one_task_reported
 from support.parent import run_parent, worker
 from support.tracing import HUGE, INT64_MAX, HugeUsageModel, by_name, exported_spans
-from zett_agent import _tracing
-from zett_agent._trace_attributes import INT_MIN, add_ints, clamp_int, clean_attributes
+from zett_agent._tracing import _tracer as _tracing
+from zett_agent._tracing._base import INT_MIN, add_ints, clamp_int, clean_attributes
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need the otel extra")

@@ -14,10 +14,10 @@ import pytest
 
 from support.scripts import python_prints
 from support.tracing import by_name, exported_spans
-from zett_agent import _tracing
-from zett_agent._span_record import MAX_ATTRIBUTES, MAX_LIST, Recorder, clean_attributes
-from zett_agent._span_relay import MAX_DEPTH, MAX_OPEN, ChildTrace
-from zett_agent._trace_models import ModelNotes, note_model_call, noting
+from zett_agent._tracing import _tracer as _tracing
+from zett_agent._tracing._span_record import MAX_ATTRIBUTES, MAX_LIST, Recorder, clean_attributes
+from zett_agent._tracing._trace_models import ModelNotes, note_model_call, noting
+from zett_agent.runners._span_relay import MAX_DEPTH, MAX_OPEN, ChildTrace
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need the otel extra")
 from opentelemetry.trace import StatusCode
@@ -277,10 +277,11 @@ def test_importing_and_running_zett_agent_imports_no_opentelemetry() -> None:
         "import sys, asyncio\n"
         "import zett_agent, zett_agent.agent, zett_agent.client, zett_agent.runners\n"
         "import zett_agent.extensions.async_subagent, zett_agent.extensions.subagent\n"
-        "from zett_agent import _tracing\n"
-        "assert _tracing.current() is None\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'zett_agent._otel',"
-        " 'zett_agent._span'))))\n"
+        "from zett_agent._tracing import _tracer\n"
+        "assert _tracer.current() is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry',"
+        " 'zett_agent._tracing._otel', 'zett_agent._tracing._span_record',"
+        " 'zett_agent.runners._span_relay'))))\n"
     )
     printed = python_prints(program)
     assert printed == "[]", printed
@@ -290,10 +291,10 @@ def test_opentelemetry_without_a_provider_traces_nothing() -> None:
     program = (
         "import sys\n"
         "import opentelemetry.trace\n"
-        "from zett_agent import _tracing\n"
+        "from zett_agent._tracing import _tracer as _tracing\n"
         "assert _tracing.current() is None\n"
         "assert _tracing.child_trace('w', 't', 's') is None\n"
-        "print('zett_agent._otel' in sys.modules, 'opentelemetry.sdk' in sys.modules)\n"
+        "print('zett_agent._tracing._otel' in sys.modules, 'opentelemetry.sdk' in sys.modules)\n"
     )
     printed = python_prints(program)
     assert printed == "False False", printed

@@ -32,7 +32,7 @@ from mcp.server.stdio import stdio_server
 from zett_agent._mcp._watch import BellRunner, Bells
 from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
 from zett_agent.extensions._subagent import warm_up
-from zett_agent.extensions._tasks import SubAgentTask
+from zett_agent.extensions._tasks._task import SubAgentTask
 from zett_agent.process import Sandbox
 from zett_agent.runners import ProcessRunner
 from zett_agent.tools import AgentTool, ToolArgumentError, UnknownToolError

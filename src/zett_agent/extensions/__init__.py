@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from zett_agent.extensions._base import Extension, ModelCallNext, ToolCallNext, closing_stream
+from zett_agent._runtime._extension import Extension, ModelCallNext, ToolCallNext, closing_stream
 
 __all__ = ["Extension", "ModelCallNext", "ToolCallNext", "closing_stream"]

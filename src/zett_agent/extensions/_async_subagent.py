@@ -10,33 +10,33 @@ from typing import TYPE_CHECKING
 
 from zett_agent._checks import check_int, check_seconds, described
 from zett_agent.extensions._definition import SubAgentDefinition
-from zett_agent.extensions._store import TaskStore
 from zett_agent.extensions._subagent import ChildAgentExtension
-from zett_agent.extensions._task_guard import Chores, TaskGuard, observe
-from zett_agent.extensions._task_mail import TaskMail
-from zett_agent.extensions._task_messages import MessageState
-from zett_agent.extensions._task_notices import TaskNotices, completion_text, stall_text
-from zett_agent.extensions._task_registry import TaskRegistry
-from zett_agent.extensions._task_start import TaskStarter
-from zett_agent.extensions._task_tools import (
+from zett_agent.extensions._tasks._store import TaskStore
+from zett_agent.extensions._tasks._task import (
+    SubAgentTask,
+    SubAgentTaskInfo,
+    SubAgentTaskStatus,
+    describe,
+)
+from zett_agent.extensions._tasks._task_guard import Chores, TaskGuard, observe
+from zett_agent.extensions._tasks._task_mail import TaskMail
+from zett_agent.extensions._tasks._task_messages import MessageState
+from zett_agent.extensions._tasks._task_notices import TaskNotices, completion_text, stall_text
+from zett_agent.extensions._tasks._task_registry import TaskRegistry
+from zett_agent.extensions._tasks._task_start import TaskStarter
+from zett_agent.extensions._tasks._task_tools import (
     TaskAccess,
     distinct,
     extra_tools_option,
     task_tools,
     wait_for,
 )
-from zett_agent.extensions._task_watch import TaskWatch
-from zett_agent.extensions._tasks import (
-    SubAgentTask,
-    SubAgentTaskInfo,
-    SubAgentTaskStatus,
-    describe,
-)
+from zett_agent.extensions._tasks._task_watch import TaskWatch
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
-    from zett_agent._agent import Agent
     from zett_agent._model import ModelRequest
+    from zett_agent._runtime._agent import Agent
     from zett_agent.agent import AgentRunContext
     from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
     from zett_agent.runners import ChildRunner

@@ -19,8 +19,8 @@ from zett_agent.extensions._child_inbox import ChildInbox, attach
 from zett_agent.runners._child import ChildSpec, set_default_build
 
 if TYPE_CHECKING:
-    from zett_agent._agent import Agent
     from zett_agent._model import Model
+    from zett_agent._runtime._agent import Agent
 
 __all__ = ["AgentChildRun", "build_child"]
 

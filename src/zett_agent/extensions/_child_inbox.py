@@ -30,15 +30,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from zett_agent._agent import add_extension, steerable
 from zett_agent._messages import ToolCall, UserMessage
+from zett_agent._runtime._agent import add_extension, steerable
+from zett_agent._runtime._extension import Extension
 from zett_agent._text import valid_text
-from zett_agent.extensions._base import Extension
 
 if TYPE_CHECKING:
-    from zett_agent._agent import Agent
-    from zett_agent._context import AgentRunConfig, AgentRunContext
     from zett_agent._model import ModelRequest
+    from zett_agent._runtime._agent import Agent
+    from zett_agent._runtime._context import AgentRunConfig, AgentRunContext
 
 __all__ = ["ChildInbox", "attach"]
 

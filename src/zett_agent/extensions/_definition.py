@@ -8,10 +8,10 @@ from typing import Any
 
 from zett_agent._checks import check_int, described, repeated_names
 from zett_agent._model import Model
+from zett_agent._runtime._extension import Extension
 from zett_agent._tools import AgentTool, tool
-from zett_agent.extensions._base import Extension
 from zett_agent.process import ProcessLimits, Sandbox
-from zett_agent.process._sandbox import check_sandbox
+from zett_agent.process._sandbox._options import check_sandbox
 
 
 @dataclass(frozen=True, init=False)

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from zett_agent import _tracing
 from zett_agent._checks import described, repeated_names
-from zett_agent.extensions._base import Extension
+from zett_agent._runtime._extension import Extension
+from zett_agent._tracing import _tracer as _tracing
 from zett_agent.extensions._child_build import build_child
 from zett_agent.extensions._definition import (
     SubAgentDefinition,
@@ -16,18 +16,18 @@ from zett_agent.extensions._definition import (
     default_subagents,
 )
 from zett_agent.extensions._preload import child_modules
-from zett_agent.extensions._runner import failure_reason, report_content
 from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
-from zett_agent.process._sandbox import check_sandbox
+from zett_agent.process._sandbox._options import check_sandbox
 from zett_agent.runners._base import ChildJob, ChildRunner
 from zett_agent.runners._child import ChildSpec, ProgressModel
 from zett_agent.runners._process import ProcessRunner
+from zett_agent.runners._report import failure_reason, report_content
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
     from zett_agent._model import Model
-    from zett_agent._span_relay import ChildTrace
     from zett_agent.agent import Agent, AgentRunContext
+    from zett_agent.runners._span_relay import ChildTrace
 
 # Attributes that live only where the extension runs; never pickled (see __getstate__).
 _RUNTIME_ONLY = (
@@ -338,7 +338,7 @@ class SubAgentExtension(ChildAgentExtension):
         if not prompt.strip():
             raise ValueError("prompt is empty; give the subagent the full task to work on")
         session_id = f"{context.session_id}/subagent-{self._next_number()}"
-        # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing)
+        # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing._tracer)
         trace = _tracing.child_trace(
             definition.name,
             session_id.rsplit("/", 1)[-1],

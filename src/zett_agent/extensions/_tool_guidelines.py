@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zett_agent.extensions._base import Extension
+from zett_agent._runtime._extension import Extension
 
 if TYPE_CHECKING:
     from zett_agent.agent import AgentRunContext

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
-from zett_agent.extensions._store import TaskStore, TaskStoreError
-from zett_agent.extensions._tasks import SubAgentTask, SubAgentTaskInfo, SubAgentTaskStatus
+from zett_agent.extensions._tasks._store import TaskStore, TaskStoreError
+from zett_agent.extensions._tasks._task import SubAgentTask, SubAgentTaskInfo, SubAgentTaskStatus
 
 __all__ = [
     "AsyncSubAgentExtension",

@@ -33,7 +33,7 @@ from zett_agent._model import (
     RetryOptions,
     TransientModelError,
 )
-from zett_agent._trace_attributes import (
+from zett_agent._tracing._base import (
     FINISH_REASONS,
     PROVIDER,
     PROVIDER_OPENAI,
@@ -42,7 +42,7 @@ from zett_agent._trace_attributes import (
     SERVER_ADDRESS,
     SERVER_PORT,
 )
-from zett_agent._trace_models import note_model_call
+from zett_agent._tracing._trace_models import note_model_call
 from zett_agent.models import _http
 from zett_agent.models._openai_wire import (
     ResponseAccumulator,
@@ -143,7 +143,8 @@ class OpenAIChatModel:
     #: modules a child process on this model would import at its first request (see above)
     child_preload: ClassVar[tuple[str, ...]] = ("zett_agent.models._openai_preload",)
     #: a brokered child gets a keyless stand-in and the parent makes its calls: nothing in a
-    #: request chooses the endpoint, the model name or the key (``zett_agent.runners._broker``)
+    #: request chooses the endpoint, the model name or the key
+    #: (``zett_agent.runners._broker._parent``)
     brokerable: ClassVar[bool] = True
 
     def __init__(

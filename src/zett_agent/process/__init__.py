@@ -39,6 +39,7 @@ Linux 5.3 or newer (pidfds); cgroup containment needs a writable cgroup v2 hiera
 
 from __future__ import annotations
 
+from ._child._worker import emit
 from ._errors import (
     JobCancelled,
     JobFailed,
@@ -49,12 +50,11 @@ from ._errors import (
     ProtocolError,
     WorkerCrashed,
 )
-from ._executor import PoolExecutor, ProcessPoolExecutor
-from ._job import JobStatus, JobUsage, ProcessJob
+from ._host._executor import PoolExecutor, ProcessPoolExecutor
+from ._host._job import JobStatus, JobUsage, ProcessJob
+from ._host._pool import ProcessPool
 from ._limits import ProcessLimits
-from ._pool import ProcessPool
-from ._sandbox import Sandbox, SandboxUnavailable, sandbox_support
-from ._worker import emit
+from ._sandbox._options import Sandbox, SandboxUnavailable, sandbox_support
 
 __all__ = [
     "JobCancelled",

@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from zett_agent import _tracing
 from zett_agent._model import Model, ModelEvent, ModelEventKind, ModelRequest, RetryOptions
 from zett_agent._text import valid_text
+from zett_agent._tracing import _tracer as _tracing
 
 __all__ = [
     "ChildBuild",
@@ -119,11 +119,11 @@ class ChildSpec:
             definition, the one ``factory`` and ``state`` describe.
         broker: Broker the child's model calls (internal; set by whoever builds the spec):
             the runner ships the child keyless stand-ins for every brokerable model in the
-            spec and makes their calls in the parent (see ``zett_agent.runners._broker``).
+            spec and makes their calls in the parent (see ``zett_agent.runners._broker._parent``).
             ``ProcessRunner`` honours it, ``RayRunner`` refuses it, ``InProcessRunner``
             ignores it (its children share the parent's memory anyway).
         trace: Set by the parent when it traces this child (internal; see
-            ``zett_agent._tracing.ChildTracing``): the W3C ``traceparent`` of the child's
+            ``zett_agent._tracing._tracer.ChildTracing``): the W3C ``traceparent`` of the child's
             ``invoke_agent`` span, whether it records, and the parent process's identity.
     """
 
@@ -251,7 +251,7 @@ async def run_child(
 
 
 async def _pool_inbox() -> Any:
-    from zett_agent.process._inbox import receive
+    from zett_agent.process._child._inbox import receive
     from zett_agent.runners._child_inbox import MESSAGE_TOPIC
 
     return await receive(MESSAGE_TOPIC)
@@ -263,11 +263,11 @@ async def run_pickled_child(
     """Run a child from a spec the runner pickled itself.
 
     ``run_child`` on a spec the runner pickled itself (a brokered spec: its models were
-    replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker``).
+    replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker._parent``).
     """
     import cloudpickle
 
-    from zett_agent.runners._standin import relay_from_here
+    from zett_agent.runners._broker._standin import relay_from_here
 
     spec = cloudpickle.loads(payload)
     if not isinstance(spec, ChildSpec):

@@ -14,7 +14,7 @@ __all__ = ["RUNTIME_MODULES", "excluded"]
 RUNTIME_MODULES: tuple[str, ...] = (
     "zett_agent.agent",
     "zett_agent.runners._child",
-    "zett_agent._span_record",  # a traced child records its spans with it
+    "zett_agent._tracing._span_record",  # a traced child records its spans with it
     "zett_agent.extensions._file_tools",
     "zett_agent.extensions._subagent",
     "zett_agent.extensions._async_subagent",

@@ -10,21 +10,21 @@ from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import check_flag, check_int, check_names, check_seconds
 from zett_agent.process import JobStatus, PoolClosed, ProcessError, ProcessPool
-from zett_agent.process._job import set_event_filter
+from zett_agent.process._host._job import set_event_filter
 from zett_agent.runners._base import WrappedJob
+from zett_agent.runners._broker._standin import relaying as _relaying
 from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
 from zett_agent.runners._child_inbox import MESSAGE_TOPIC
 from zett_agent.runners._preload import RUNTIME_MODULES, excluded
-from zett_agent.runners._standin import relaying as _relaying
 
 if TYPE_CHECKING:
     from zett_agent.process import ProcessJob, ProcessLimits, Sandbox
-    from zett_agent.runners._broker import Broker
+    from zett_agent.runners._broker._parent import Broker
 
 __all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner"]
 
 #: what a brokered child imports beyond the runtime (preloaded with ``broker=True``)
-_BROKER_MODULES = ("zett_agent.runners._standin", "zett_agent.process._inbox")
+_BROKER_MODULES = ("zett_agent.runners._broker._standin", "zett_agent.process._child._inbox")
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class ProcessRunner:
             or the parent's, and the definitions' of its own children; the parent makes the
             calls with the real model and streams the events back over the child's channel.
             The child needs no network and never holds the key. See the README ("Brokered
-            model calls") and ``zett_agent.runners._broker`` for what is bounded.
+            model calls") and ``zett_agent.runners._broker._parent`` for what is bounded.
 
     If an automatically found module fails to import in the launcher, the pool starts again
     without the automatic modules (a warning is logged naming the error); children then
@@ -341,7 +341,7 @@ class ProcessRunner:
         A brokered child (``spec.broker``, ``broker=True``, a sandboxed child, or any child of a
         process that got its own models through a broker) is shipped with keyless stand-ins for
         its brokerable models, and the parent serves their calls (see
-        ``zett_agent.runners._broker``).
+        ``zett_agent.runners._broker._parent``).
 
         ``sandbox`` confines the child's whole process (its model loop included) as
         ``ProcessPool.submit`` says; the job's ``info()`` then has a ``sandbox`` entry with what
@@ -358,7 +358,7 @@ class ProcessRunner:
         try:
             # a sandboxed child never holds its model's key: its calls go through this process
             if spec.broker or self.broker or sandbox is not None or _relaying():
-                from zett_agent.runners._broker import pickle_brokered
+                from zett_agent.runners._broker._parent import pickle_brokered
 
                 target = run_pickled_child
                 try:
@@ -387,7 +387,7 @@ class ProcessRunner:
 
     def _serve(self, job: ProcessJob, models: list[Any]) -> Broker:
         """A broker for ``job``'s calls; kept until its last call ended after the job did."""
-        from zett_agent.runners._broker import Broker
+        from zett_agent.runners._broker._parent import Broker
 
         broker = Broker(job, models, on_idle=self._brokers.discard)
         self._brokers.add(broker)

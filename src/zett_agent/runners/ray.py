@@ -39,22 +39,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zett_agent.process import emit
-from zett_agent.runners._ray_errors import NodeLost
+from zett_agent.runners._ray._ray_errors import NodeLost
 
 if TYPE_CHECKING:
-    from zett_agent.runners._ray_job import RayJob
-    from zett_agent.runners._ray_runner import RayRunner
+    from zett_agent.runners._ray._ray_job import RayJob
+    from zett_agent.runners._ray._ray_runner import RayRunner
 
 __all__ = ["NodeLost", "RayJob", "RayRunner", "emit"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "RayRunner":
-        from zett_agent.runners._ray_runner import RayRunner
+        from zett_agent.runners._ray._ray_runner import RayRunner
 
         return RayRunner
     if name == "RayJob":
-        from zett_agent.runners._ray_job import RayJob
+        from zett_agent.runners._ray._ray_job import RayJob
 
         return RayJob
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""The agent loop: the agent, its requests, turns, hooks, model calls and tool batches."""

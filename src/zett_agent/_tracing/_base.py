@@ -1,0 +1,149 @@
+"""What a span of the runtime may carry: the names it uses, and the one gate every value passes.
+
+The names are those of the OpenTelemetry GenAI semantic conventions (a test checks each against
+the ``opentelemetry-semantic-conventions`` package), plus two of the runtime's own
+(``zett_agent.*``). ``clean_attributes`` is the gate: every attribute that enters a span of the
+runtime passes it, whether it is set when the span starts, set later, or summed from a child's
+records, in the OpenTelemetry tracer (``zett_agent._tracing._otel``), a child's recorder
+(``zett_agent._tracing._span_record``) and the parent's relay of a child's records
+(``zett_agent.runners._span_relay``) alike. What comes out of it any exporter can encode: ints
+within
+64 bits (clamped), bools as bools, finite floats, bounded valid text, short lists of one of
+these.
+
+Light (imported by every agent, children included): it imports nothing but ``_text``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from zett_agent._text import valid_text
+
+__all__ = [
+    "INT_MAX",
+    "INT_MIN",
+    "MAX_ATTRIBUTES",
+    "MAX_LIST",
+    "MAX_TEXT",
+    "add_ints",
+    "clamp_int",
+    "clean_attributes",
+    "text",
+]
+
+# -- names: the GenAI semantic conventions ------------------------------------------------------
+
+OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
+CONVERSATION = "gen_ai.conversation.id"
+AGENT_NAME = "gen_ai.agent.name"
+AGENT_ID = "gen_ai.agent.id"
+AGENT_DESCRIPTION = "gen_ai.agent.description"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_ID = "gen_ai.response.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+TOOL_TYPE = "gen_ai.tool.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+
+#: the operations (``gen_ai.operation.name``), each the first word of its spans' names
+CHAT = "chat"
+INVOKE_AGENT = "invoke_agent"
+EXECUTE_TOOL = "execute_tool"
+
+#: ``gen_ai.provider.name`` of the OpenAI adapter (a value the conventions list)
+PROVIDER_OPENAI = "openai"
+#: ``gen_ai.provider.name`` of a model that names no provider (the offline ``ScriptedModel`` and
+#: ``FunctionModel``, an application's own model class): the runtime's own name, a custom value
+PROVIDER_UNKNOWN = "zett_agent"
+
+# -- names: the runtime's own ------------------------------------------------------------------
+
+#: what the parent's model wrote as the task's description (``task_start``'s ``description``)
+TASK_DESCRIPTION = "zett_agent.task.description"
+#: span records of a child that did not fit and were dropped
+SPANS_DROPPED = "zett_agent.spans_dropped"
+
+# -- bounds ------------------------------------------------------------------------------------
+
+#: longest text the runtime puts into a span name, an attribute or a status description
+MAX_TEXT = 256
+#: attributes taken from one mapping, and items kept of one list value
+MAX_ATTRIBUTES = 32
+MAX_LIST = 16
+#: the range of an int attribute (OTLP carries a signed 64-bit int)
+INT_MIN = -(2**63)
+INT_MAX = 2**63 - 1
+
+
+def text(value: object, limit: int = MAX_TEXT) -> str:
+    """``value`` as valid Unicode of at most ``limit`` characters (for names and attributes).
+
+    Always a ``str`` itself, never a subclass (its methods are not called).
+    """
+    if type(value) is not str:
+        value = str.__str__(value) if isinstance(value, str) else str(value)
+    return valid_text(value if len(value) <= limit else value[: limit - 3] + "...")
+
+
+def clamp_int(value: int) -> int:
+    """``value`` clamped into the 64-bit range an exporter can encode (a plain ``int``)."""
+    return INT_MIN if value < INT_MIN else INT_MAX if value > INT_MAX else int.__int__(value)
+
+
+def add_ints(a: int, b: int) -> int:
+    """``a + b`` saturated at the 64-bit bounds (a sum of span attributes never overflows)."""
+    return clamp_int(a + b)
+
+
+def _scalar(value: object) -> str | bool | int | float | None:
+    if isinstance(value, bool):
+        return value is True
+    if isinstance(value, int):
+        return clamp_int(value)
+    if isinstance(value, float):
+        return float.__float__(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        return text(value)
+    return None
+
+
+def clean_attributes(attributes: object) -> dict[str, Any]:
+    """Return the attributes of ``attributes`` (any object) that a span may carry.
+
+    Within bounds: at most ``MAX_ATTRIBUTES`` string keys of at most ``MAX_TEXT`` characters,
+    each with a string (cut to ``MAX_TEXT`` characters, valid Unicode), a boolean, an int
+    (clamped to ``[INT_MIN, INT_MAX]``), a finite float, or a list of at most ``MAX_LIST``
+    values of one of these types (the first item's); only the first ``2 * MAX_ATTRIBUTES``
+    items are looked at. Anything else is left out. Values of the builtin types only (a
+    subclass is converted, none of its methods called). Never raises for any JSON data or
+    any ``dict``.
+    """
+    if not isinstance(attributes, Mapping) or not attributes:
+        return {}
+    out: dict[str, Any] = {}
+    # looks at a bounded number of items: a dict of a million bad keys costs what 64 do
+    for key, value in itertools.islice(attributes.items(), 2 * MAX_ATTRIBUTES):
+        if len(out) >= MAX_ATTRIBUTES:
+            break
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_TEXT:
+            continue
+        if isinstance(value, list | tuple):
+            items = [_scalar(v) for v in value[:MAX_LIST]]
+            if items and items[0] is not None and all(type(i) is type(items[0]) for i in items):
+                out[text(key)] = items
+            continue
+        scalar = _scalar(value)
+        if scalar is not None:
+            out[text(key)] = scalar
+    return out

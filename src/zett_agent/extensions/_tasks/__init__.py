@@ -1,0 +1,1 @@
+"""AsyncSubAgentExtension's background tasks: registry, start, tools, watch, store."""

@@ -1,0 +1,1 @@
+"""What runs in the launcher and the workers (it imports nothing heavy)."""

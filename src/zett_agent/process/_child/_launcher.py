@@ -1,0 +1,433 @@
+"""The launcher: one small process per pool that forks workers and reaps every descendant.
+
+Started by the pool with ``posix_spawn`` (never ``multiprocessing``; it never imports the host's
+``__main__``). It imports the pool's preload modules once, so every worker it forks starts
+warm. It is a child subreaper, so orphans of every worker land on it and are reaped here.
+
+It is not trusted with a job's fate: a job can stop or kill it (it is the worker's parent).
+The host kills trees itself (through the cgroup, or a /proc freeze from its own thread),
+watches each worker through a pidfd, expects an answer to every request within a deadline,
+and replaces a launcher that died or stopped answering.
+
+Control protocol (one ``SOCK_SEQPACKET`` socket, one JSON object per record):
+
+host -> launcher
+    ``{"op": "spawn", "n": N, "seq": S, "confine": B, "loop": L, "prepare": P}``  fork N
+                                          workers (B: they prepare for confining while idle,
+                                          from then on; L: they run an empty event loop while
+                                          idle; P, when given: the shared part of the policy
+                                          of the jobs they prepare for, from then on)
+    ``{"op": "sweep", "seq": S}``          (scan containment) kill orphans now
+    ``{"op": "ping", "seq": S}``           just answer
+    ``{"op": "shutdown"}``                 kill everything, reap it, exit
+launcher -> host
+    ``{"op": "hello", "pid": ..., "landlock": {...}}`` or ``{"op": "hello", "error": ...}``;
+    ``landlock`` says what every worker gets: ``kernel_abi``, ``abi`` (the one used: lower when
+    the pool pretends an older kernel), ``scoped`` (each worker enters a Landlock domain of
+    its own that scopes signals and abstract UNIX sockets) and ``reason`` when it does not
+    ``{"op": "ok", "seq": S}``             request S was taken (sweep: done)
+    ``{"op": "worker", "pid": P, "cg": NAME}`` with the host end of P's socket and a pidfd of
+    P attached (SCM_RIGHTS)
+    ``{"op": "spawn_failed", "error": ...}``
+    ``{"op": "exit", "pid": P, "code": .., "signal": .., "cpu": .., "maxrss": ..}`` once P is
+    reaped (scan containment: and the orphans it left are killed and dead)
+
+When the host goes away (EOF on the control socket, or SIGTERM from ``PR_SET_PDEATHSIG``) the
+launcher kills every worker tree, reaps everything it can and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from .. import _linux
+from .._containment import _cgroup, _scan
+from .._sandbox import _landlock
+
+__all__ = ["main"]
+
+CONTROL_FD = 3
+#: longest time the launcher spends killing and reaping at shutdown
+_SHUTDOWN_LIMIT = 5.0
+
+
+def _noop(signum: int, frame: object) -> None:
+    pass
+
+
+class _Launcher:
+    def __init__(
+        self,
+        ctrl: socket.socket,
+        max_frame_bytes: int,
+        cgroups: dict[str, str],
+        nice: int = 0,
+        scoping: dict[str, Any] | None = None,
+    ) -> None:
+        self.ctrl = ctrl
+        #: what the workers get (see the module docstring's ``hello``)
+        self.scoping = scoping or {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": None}
+        #: the Landlock ABI each worker scopes itself with (0: none)
+        self.scope = int(self.scoping["abi"]) if self.scoping["scoped"] else 0
+        self.max_frame_bytes = max_frame_bytes
+        #: added to each worker's niceness as it is forked, before it runs anything
+        self.nice = nice
+        #: the pool's cgroup paths under cgroup containment (``launcher``, ``workers``, ``pool``,
+        #: ``home``: the host's own cgroup), empty under scan containment
+        self.cgroups = cgroups
+        self.workers_cg = cgroups.get("workers")
+        self.pid = os.getpid()
+        #: workers forked and not yet reaped -> their cgroup name
+        self.workers: dict[int, str] = {}
+        #: cgroups of workers that never reached the host, to remove once empty (the host
+        #: removes the others: it watches them, and a removal would hide their last change)
+        self.stale_cgroups: set[str] = set()
+        self.stopping = False
+        #: the host asked for the shutdown (it removes the cgroups), or went away (we do)
+        self.host_gone = True
+        #: workers the host asked for and not forked yet (one per loop turn)
+        self.to_spawn = 0
+        #: whether new workers prepare for confining while idle (the pool sandboxes jobs)
+        self.confine = False
+        #: the shared part of a sandboxed job's policy the spares prepare for ("": none yet)
+        self.prepare = ""
+        #: whether workers forked from now on run an empty event loop while they wait
+        self.loop = False
+        self.counter = 0
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.selector = selectors.DefaultSelector()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        data = json.dumps(message).encode()
+        while True:
+            try:
+                if fds:
+                    socket.send_fds(self.ctrl, [data], fds)
+                else:
+                    self.ctrl.send(data)
+                return
+            except BlockingIOError:
+                select.select([], [self.ctrl], [], 1.0)
+            except OSError:
+                # the host is gone; shutting down is all that is left to do
+                self.stopping = True
+                return
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    # -- main loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, _noop)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGHUP, self._on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.ctrl.setblocking(False)
+        self.selector.register(self.ctrl, selectors.EVENT_READ, "ctrl")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.send({"op": "hello", "pid": self.pid, "landlock": self.scoping})
+        while not self.stopping:
+            # forks wait behind everything else: a request must not queue behind a batch
+            # of them; leftover cgroups are looked at again twice a second while any exist
+            timeout = 0 if self.to_spawn else (0.5 if self.stale_cgroups else None)
+            for key, _ in self.selector.select(timeout):
+                if key.data == "ctrl":
+                    self._read_control()
+                else:
+                    self._drain_wakeups()
+            self._reap()
+            if self.to_spawn and not self.stopping:
+                self.to_spawn -= 1
+                self._fork_worker()
+        self.shutdown()
+
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 4096):
+                pass
+
+    def _read_control(self) -> None:
+        while not self.stopping:
+            try:
+                data = self.ctrl.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.stopping = True
+                return
+            message = json.loads(data)
+            op = message.get("op")
+            if op == "spawn":
+                self.to_spawn += int(message["n"])
+                self.confine = self.confine or message.get("confine") is True
+                prepare = message.get("prepare")
+                if isinstance(prepare, str):
+                    self.prepare = prepare
+                self.loop = self.loop or message.get("loop") is True
+            elif op == "sweep":
+                self._reap()
+                self._sweep()
+            elif op == "shutdown":
+                self.stopping = True
+                self.host_gone = False
+            if "seq" in message:  # a spawn is answered by its workers, the rest by "ok"
+                self.send({"op": "ok", "seq": message["seq"]})
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def _fork_worker(self) -> None:
+        self.counter += 1
+        name = f"w-{self.counter}"
+        cgroup = f"{self.workers_cg}/{name}" if self.workers_cg else None
+        try:
+            if cgroup is not None:
+                os.mkdir(cgroup)
+                # before the worker exists: what its job may build below it is bounded
+                _cgroup.bound(cgroup)
+            host_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            if cgroup is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(cgroup)
+            self.send({"op": "spawn_failed", "error": f"could not prepare a worker: {exc}"})
+            return
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            host_end.close()
+            worker_end.close()
+            if cgroup is not None:
+                _cgroup.remove_tree(cgroup)
+            self.send({"op": "spawn_failed", "error": f"fork failed: {exc}"})
+            return
+        if pid == 0:
+            code = 70
+            try:
+                host_end.close()
+                if self.nice:
+                    os.nice(self.nice)
+                self._forget_in_child()
+                from . import _worker
+
+                # under cgroup containment a worker whose launcher dies may die at once (its
+                # cgroup holds its tree); otherwise it stops, and the host kills its tree whole
+                pdeath = signal.SIGKILL if self.workers_cg else signal.SIGSTOP
+                _worker.serve(
+                    worker_end,
+                    self.pid,
+                    self.max_frame_bytes,
+                    pdeath,
+                    self.scope,
+                    self.confine,
+                    self.loop,
+                    self.prepare,
+                )
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        worker_end.close()
+        self.workers[pid] = name
+        try:
+            if cgroup is not None:
+                # before anyone can give it a job: from here on, all it starts stays inside
+                _cgroup.write(f"{cgroup}/cgroup.procs", str(pid))
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            host_end.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            if cgroup is not None:
+                self.stale_cgroups.add(cgroup)
+            self.send({"op": "spawn_failed", "error": f"could not contain a worker: {exc}"})
+            return
+        try:
+            self.send({"op": "worker", "pid": pid, "cg": name}, [host_end.fileno(), pidfd])
+        finally:
+            host_end.close()
+            os.close(pidfd)
+
+    def _forget_in_child(self) -> None:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.selector.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.ctrl.close()
+
+    def _reap(self) -> None:
+        reports = []
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            name = self.workers.pop(pid, None)
+            if name is None:
+                continue  # an orphan of some worker's tree
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            reports.append(
+                {
+                    "op": "exit",
+                    "pid": pid,
+                    "code": code,
+                    "signal": signum,
+                    "cpu": usage.ru_utime + usage.ru_stime,
+                    "maxrss": usage.ru_maxrss * 1024,
+                }
+            )
+        if reports and self.workers_cg is None:
+            # whatever its exit status says, a worker may have left processes behind
+            self._sweep()
+        for report in reports:
+            self.send(report)
+        self._remove_cgroups()
+
+    def _sweep(self) -> None:
+        """Scan containment: kill every child that is not a live worker, until none is left.
+
+        Such a child is an orphan of a worker's tree (reparented here because the worker died,
+        or because the job switched the worker's subreaper flag off).
+        """
+        if self.workers_cg is not None:
+            return
+        while True:
+            # only children that are not workers are looked at (a sweep per worker exit must
+            # not cost a /proc read per live worker)
+            orphans = _scan.children(self.pid) - set(self.workers)
+            alive = {p for p in orphans if (found := _scan.state(p)) and found[1] != "Z"}
+            if not alive:
+                break
+            _scan.wait_dead(_scan.freeze_and_kill(alive, exclude=self.workers), timeout=1.0)
+            self._reap_orphans()
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        for pid in _scan.children(self.pid) - set(self.workers):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+    def _remove_cgroups(self) -> None:
+        for cgroup in list(self.stale_cgroups):
+            if _cgroup.populated(cgroup):
+                _cgroup.kill(cgroup)
+            elif _cgroup.remove_tree(cgroup):
+                self.stale_cgroups.discard(cgroup)
+
+    def _live_children(self) -> set[int]:
+        return {
+            pid
+            for pid in _scan.children(self.pid)
+            if (found := _scan.state(pid)) is not None and found[1] != "Z"
+        }
+
+    def shutdown(self) -> None:
+        """Kill everything, reap what can be reaped, give up after ``_SHUTDOWN_LIMIT``.
+
+        Never waits on a process it did not kill: each round kills what is alive (through the
+        workers' cgroup, and by freezing whatever child is still alive, an escapee included),
+        then waits for SIGCHLD or a short while.
+        """
+        deadline = time.monotonic() + _SHUTDOWN_LIMIT
+        while time.monotonic() < deadline:
+            self._reap()
+            contained = self.workers_cg is not None and _cgroup.populated(self.workers_cg)
+            if contained:
+                _cgroup.kill(self.workers_cg)  # type: ignore[arg-type]
+            live = self._live_children()
+            if live:
+                _scan.wait_dead(_scan.freeze_and_kill(live), timeout=1.0)
+                continue
+            if not contained and not _scan.children(self.pid):
+                break
+            select.select([self.wake_r], [], [], 0.05)
+            self._drain_wakeups()
+        if self.host_gone and self.workers_cg is not None:
+            self._remove_pool()
+        self._remove_cgroups()
+
+    def _remove_pool(self) -> None:
+        """The host died: remove the pool's cgroups (nobody else would until the next pool starts).
+
+        This process is in one of them, and a cgroup holding a process cannot be removed: it moves
+        back to the cgroup the host ran in first (which held the host, so it can hold a process).
+        What is still populated stays for the next pool's sweep.
+        """
+        pool, home = self.cgroups.get("pool"), self.cgroups.get("home")
+        try:
+            if pool is None or home is None:
+                raise OSError("no pool cgroup given")
+            _cgroup.write(f"{home}/cgroup.procs", "0")
+        except OSError:
+            assert self.workers_cg is not None
+            _cgroup.remove_tree(self.workers_cg)
+            return
+        _cgroup.remove_tree(pool)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(pool))  # the shared cgroup, once no pool is left in it
+
+
+def main() -> None:
+    """Entry point of the launcher process (see the module docstring)."""
+    host_pid, max_frame_bytes = int(sys.argv[2]), int(sys.argv[3])
+    preload = json.loads(sys.argv[4])
+    cgroups: dict[str, str] = json.loads(sys.argv[5])
+    nice = int(sys.argv[6])
+    # the pool's Landlock settings travel with the cgroup paths (the launcher's arguments)
+    landlock_cap = int(cgroups.pop("landlock_abi", "-1"))
+    scope_workers = cgroups.pop("scope_workers", "1") == "1"
+    ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=CONTROL_FD)
+    _linux.set_child_subreaper()
+    _linux.set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != host_pid:
+        return  # the host died before we could watch it
+    try:
+        scoping = _landlock.worker_scoping(landlock_cap, scope_workers)
+    except OSError as exc:
+        scoping = {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": f"not looked at: {exc}"}
+    launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice, scoping)
+    try:
+        if "launcher" in cgroups:
+            _cgroup.write(f"{cgroups['launcher']}/cgroup.procs", "0")
+        for name in preload:
+            importlib.import_module(name)
+        import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
+
+        from . import _worker  # noqa: F401
+    except BaseException as exc:
+        launcher.send({"op": "hello", "error": f"{type(exc).__name__}: {exc}"})
+        return
+    # objects created so far are shared with every worker; keep the GC from touching them
+    gc.freeze()
+    try:
+        launcher.run()
+    except Exception as exc:
+        # never a traceback on the host's terminal: one line, then kill what is left
+        sys.stderr.write(f"zett-agent launcher {os.getpid()}: {type(exc).__name__}: {exc}\n")
+        with contextlib.suppress(Exception):
+            launcher.stopping = True
+            launcher.shutdown()

@@ -1,0 +1,1 @@
+"""What a job may touch: the Sandbox, its policy, and confining a worker to it."""

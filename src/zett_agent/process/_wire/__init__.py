@@ -1,0 +1,1 @@
+"""The frames between the host and its workers: protocol, encoding, decoding."""

@@ -1,0 +1,1 @@
+"""Brokered model calls: a child's model calls, made by its parent."""

@@ -1,0 +1,1 @@
+"""Children as Ray tasks: the parts behind zett_agent.runners.ray."""
