@@ -456,9 +456,9 @@ async def test_tree_wide_limits_need_their_controller(containment: str) -> None:
 async def test_cgroup_containment_that_cannot_work_fails_start_saying_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zett_agent.process._containment import _strategy as _containment
+    from zett_agent.process._containment import _cgroup
 
-    monkeypatch.setattr(_containment._cgroup, "cgroup_problem", lambda: "no cgroup v2 here")
+    monkeypatch.setattr(_cgroup, "cgroup_problem", lambda: "no cgroup v2 here")
     pool = ProcessPool(1, containment="cgroup")
     with pytest.raises(ProcessError, match="no cgroup v2 here"):
         await pool.start()

@@ -50,9 +50,10 @@ from ._errors import (
     ProtocolError,
     WorkerCrashed,
 )
-from ._host._executor import PoolExecutor, ProcessPoolExecutor
+from ._host._executor import PoolExecutor
 from ._host._job import JobStatus, JobUsage, ProcessJob
 from ._host._pool import ProcessPool
+from ._host._process_executor import ProcessPoolExecutor
 from ._limits import ProcessLimits
 from ._sandbox._options import Sandbox, SandboxUnavailable, sandbox_support
 

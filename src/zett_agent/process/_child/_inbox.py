@@ -254,16 +254,24 @@ class Inbox:
                     self.cond.notify_all()  # a receiver that waited may read next
 
 
-def _inbox() -> Inbox:
-    from . import _worker
+#: this worker's inbox, bound by ``_worker.serve`` as the worker starts (None elsewhere)
+_bound: Inbox | None = None
 
-    channel = _worker.current_channel()
-    if channel is None:
+
+def bind(inbox: Inbox | None) -> None:
+    """Make ``inbox`` the one ``receive`` and ``receive_blocking`` read (the worker's)."""
+    global _bound
+    _bound = inbox
+
+
+def _inbox() -> Inbox:
+    inbox = _bound
+    if inbox is None:
         raise RuntimeError(
             "receive() only works inside a job running in a ProcessPool worker; call it from "
             "the function you passed to ProcessPool.submit()"
         )
-    return channel.inbox
+    return inbox
 
 
 async def receive(topic: str = "") -> Any:

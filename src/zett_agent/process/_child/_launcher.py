@@ -55,10 +55,10 @@ from typing import Any
 from .. import _linux
 from .._containment import _cgroup, _scan
 from .._sandbox import _landlock
+from .._wire._protocol import CONTROL_FD
 
 __all__ = ["main"]
 
-CONTROL_FD = 3
 #: longest time the launcher spends killing and reaping at shutdown
 _SHUTDOWN_LIMIT = 5.0
 

@@ -27,6 +27,7 @@ from .._containment import _scan
 from .._sandbox import _confine, _landlock, _ruleset
 from .._wire._encode import Encoder, _dumps, without_surrogates
 from .._wire._protocol import CHUNK, FLAG_LAST, FLAG_MESSAGE, FLAG_SANDBOX, HEADER
+from . import _inbox
 from ._inbox import Inbox
 
 __all__ = ["emit", "serve"]
@@ -100,7 +101,7 @@ _channel: _Channel | None = None
 
 
 def current_channel() -> _Channel | None:
-    """This worker's channel to the host (None outside a worker): what ``_inbox`` reads."""
+    """This worker's channel to the host (None outside a worker)."""
     return _channel
 
 
@@ -379,6 +380,7 @@ def serve(
             os._exit(71)
     sock.setblocking(True)
     _channel = _Channel(sock, max_frame_bytes)
+    _inbox.bind(_channel.inbox)
     # warm up only as a spare: when a job is already on its way (the pool is busy), the
     # warm-up would just be extra work before it
     if not select.select([sock], [], [], _WARM_UP_AFTER)[0]:

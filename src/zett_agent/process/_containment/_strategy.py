@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 
 from .._janitor import Janitor
 from .._limits import ProcessLimits
-from . import _cgroup
 
-__all__ = ["_PROBE", "Containment", "Tree", "create"]
+__all__ = ["_PROBE", "Containment", "Tree"]
 
 #: bytes read by a cleanliness probe: more than one line of what a clean worker shows
 _PROBE = 64
@@ -151,26 +150,3 @@ class Containment(abc.ABC):
         callbacks, tree.callbacks = tree.callbacks, []
         for callback in callbacks:
             callback()
-
-
-def create(mode: str) -> Containment:
-    """The strategy for ``mode``.
-
-    ``"cgroup"``, ``"scan"``, or ``"auto"`` (cgroup where it works here, else scan). Raises
-    ``ValueError`` for another mode and ``OSError`` when ``"cgroup"`` is not available (the message
-    says why).
-    """
-    # the strategies build on this module's base class: imported here, not at the top
-    from ._cgroup_containment import CgroupContainment
-    from ._scan_containment import ScanContainment
-
-    if mode == "scan":
-        return ScanContainment()
-    if mode not in ("cgroup", "auto"):
-        raise ValueError(f"containment must be 'auto', 'cgroup' or 'scan', got {mode!r:.40}")
-    problem = _cgroup.cgroup_problem()
-    if problem is None:
-        return CgroupContainment()
-    if mode == "auto":
-        return ScanContainment()
-    raise OSError(f"containment='cgroup' is not available here: {problem}")

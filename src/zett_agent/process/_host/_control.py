@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any
 
-from .._child._launcher import CONTROL_FD
 from .._containment import _scan
+from .._wire._protocol import CONTROL_FD
 from ._owned import owned
 
 __all__ = ["LauncherHandle"]

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._checks import check_choice, check_flag, check_int, check_names, check_seconds
-from .._containment import _strategy as _containment
+from .._containment import _choice
 from .._errors import PoolClosed, ProcessError
 from .._limits import ProcessLimits, check_limits
 from .._linux import linux_problem
@@ -46,6 +46,7 @@ from .._wire._protocol import HEADER
 from ._control import LauncherHandle
 from ._dispatch import _NO_LIMITS, PoolOptions
 from ._engine import PoolEngine
+from ._executor import PoolExecutor
 from ._job import ProcessJob
 from ._job_core import JobCore
 from ._pickling import pickle_job
@@ -53,7 +54,6 @@ from ._supervisor import LauncherSupervisor
 
 if TYPE_CHECKING:
     from .._containment._strategy import Containment
-    from ._executor import PoolExecutor
 
 __all__ = ["ProcessPool"]
 
@@ -293,7 +293,7 @@ class ProcessPool:
             raise ProcessError(problem)
         loop = asyncio.get_running_loop()
         try:
-            containment = _containment.create(self._mode)
+            containment = _choice.create(self._mode)
             containment.open(loop, engine.janitor)
         except OSError as exc:
             raise ProcessError(f"cannot contain worker processes: {exc}") from exc
@@ -354,8 +354,6 @@ class ProcessPool:
             raise PoolClosed("executor() after close(); create a new ProcessPool")
         if not self._started or loop is None:
             raise RuntimeError("ProcessPool.executor() before start(); start the pool first")
-        from ._executor import PoolExecutor
-
         return PoolExecutor(self, loop)
 
     # -- submitting -------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from typing import Any
 
 __all__ = [
     "CHUNK",
+    "CONTROL_FD",
     "FLAG_LAST",
     "FLAG_MESSAGE",
     "FLAG_SANDBOX",
@@ -63,6 +64,8 @@ __all__ = [
     "surrogate_in",
 ]
 
+#: the descriptor a launcher finds its control socket at (the host puts it there)
+CONTROL_FD = 3
 HEADER = struct.Struct(">I")
 
 #: largest JSON frame a worker may send: decoding one costs at most about a millisecond
