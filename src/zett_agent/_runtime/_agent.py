@@ -22,6 +22,12 @@ from zett_agent._events import AgentEvent, InternalMessageEvent
 from zett_agent._messages import AgentMessage, AssistantMessage, Message, UserMessage
 from zett_agent._model import Model
 from zett_agent._runtime._context import AgentRunConfig, AgentRunContext
+from zett_agent._runtime._errors import (
+    AgentClosedError,
+    AgentError,
+    MaxTurnsExceeded,
+    ModelStreamError,
+)
 from zett_agent._runtime._extension import Extension, agent_closed, request_ended, request_started
 from zett_agent._runtime._hooks import Hooks
 from zett_agent._runtime._model_call import ModelCall
@@ -43,22 +49,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("zett_agent.agent")
-
-
-class AgentError(Exception):
-    """A request failed because of the runtime's own rules (not a model or hook exception)."""
-
-
-class MaxTurnsExceeded(AgentError):
-    """The request used ``AgentRunConfig.max_turns`` turns without a final answer."""
-
-
-class AgentClosedError(AgentError):
-    """The agent was closed with ``close()``; create a new agent to run more requests."""
-
-
-class ModelStreamError(AgentError):
-    """The model's stream ended without its completed event."""
 
 
 @dataclasses.dataclass(eq=False)

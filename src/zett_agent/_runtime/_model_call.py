@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from zett_agent._events import ModelTextDeltaEvent
 from zett_agent._model import ModelError, ModelEvent, ModelEventKind, RetryOptions
+from zett_agent._runtime._errors import ModelStreamError
 from zett_agent._runtime._extension import closing_stream
 from zett_agent._tracing import _tracer as _tracing
 
@@ -88,9 +89,6 @@ class ModelCall:
                         elif event.kind is ModelEventKind.COMPLETED:
                             completed = event.response
                 if completed is None:
-                    # imported here: _agent imports this module (and the error is rare)
-                    from zett_agent._runtime._agent import ModelStreamError
-
                     raise ModelStreamError(
                         f"the stream of {type(self._model).__name__} ended without a completed "
                         "event; a model must yield ModelEvent.completed(response) last"

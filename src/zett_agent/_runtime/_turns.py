@@ -25,6 +25,7 @@ from zett_agent._events import (
     TurnStartedEvent,
 )
 from zett_agent._model import ModelRequest
+from zett_agent._runtime._errors import MaxTurnsExceeded
 from zett_agent._runtime._tool_batch import (
     CANCEL_SKIP_TEXT,
     FAILURE_SKIP_TEXT,
@@ -142,9 +143,6 @@ class Turns:
         config = context.config
         while True:
             if context.turn >= config.max_turns:
-                # imported here: _agent imports this module (and the error is rare)
-                from zett_agent._runtime._agent import MaxTurnsExceeded
-
                 raise MaxTurnsExceeded(
                     f"no final answer after max_turns={config.max_turns} turns in session "
                     f"{context.session_id!r}; raise AgentRunConfig.max_turns or make the model "
