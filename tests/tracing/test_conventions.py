@@ -45,7 +45,7 @@ def _names(*modules: ModuleType) -> set[str]:
         value
         for module in modules
         for name, value in vars(module).items()
-        if name.isupper() and isinstance(value, str)
+        if name.isupper() and not name.startswith("_") and isinstance(value, str)
     }
 
 
@@ -71,7 +71,7 @@ def test_every_name_the_runtime_has_a_constant_for_is_the_conventions() -> None:
     constants = {
         name: value
         for name, value in vars(_trace_attributes).items()
-        if name.isupper() and isinstance(value, str)
+        if name.isupper() and not name.startswith("_") and isinstance(value, str)
     }
     assert len(constants) > 20  # the names are there to be checked
     for name, value in constants.items():

@@ -17,6 +17,7 @@ import pytest
 from support.calls import one_task_reported
 from support.parent import run_parent, worker
 from support.tracing import HUGE, INT64_MAX, HugeUsageModel, by_name, exported_spans
+from zett_agent._tracing import _base
 from zett_agent._tracing import _tracer as _tracing
 from zett_agent._tracing._base import INT_MIN, add_ints, clamp_int, clean_attributes
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
@@ -119,7 +120,7 @@ def test_the_parents_own_spans_clamp_what_is_set_on_them(
         "error.type": "t",
     }
     assert type(finished.attributes["flag"]) is bool
-    assert len(finished.status.description) <= _tracing.MAX_DESCRIPTION
+    assert len(finished.status.description) <= _base.MAX_DESCRIPTION
     [(_, attributes)] = encoded([finished], caplog)
     assert attributes["start"] == INT64_MAX and attributes["later"] == INT_MIN
 

@@ -14,9 +14,10 @@ import pytest
 
 from support.scripts import python_prints
 from support.tracing import by_name, exported_spans
-from zett_agent._tracing import _tracer as _tracing
+from zett_agent._tracing import _base
 from zett_agent._tracing._span_record import MAX_ATTRIBUTES, MAX_LIST, Recorder, clean_attributes
 from zett_agent._tracing._trace_models import ModelNotes, note_model_call, noting
+from zett_agent.runners import _span_relay
 from zett_agent.runners._span_relay import MAX_DEPTH, MAX_OPEN, ChildTrace
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need the otel extra")
@@ -30,7 +31,7 @@ def exporter() -> Iterator[Any]:
 
 
 def child_trace() -> ChildTrace:
-    trace = _tracing.child_trace("worker", "task-1", "parent/task-1", "d")
+    trace = _span_relay.child_trace("worker", "task-1", "parent/task-1", "d")
     assert trace is not None
     return trace
 
@@ -181,12 +182,12 @@ def test_open_spans_and_nesting_are_bounded_and_all_spans_close(exporter: Any) -
 
 def test_a_flood_of_records_is_bounded_in_number(exporter: Any) -> None:
     trace = child_trace()
-    for local in range(1, _tracing.MAX_CHILD_SPANS + 501):
+    for local in range(1, _base.MAX_CHILD_SPANS + 501):
         trace.fold(start(local))
         trace.fold(end(local))
     trace.end_job(None)
     spans = exporter.get_finished_spans()
-    assert len(spans) == _tracing.MAX_CHILD_SPANS + 1
+    assert len(spans) == _base.MAX_CHILD_SPANS + 1
     assert by_name(spans, "invoke_agent worker").attributes["zett_agent.spans_dropped"] == 1000
 
 
@@ -235,9 +236,9 @@ def test_the_recorder_stops_recording_when_the_channel_fails_never_the_child() -
 def test_the_recorder_records_at_most_max_child_spans() -> None:
     sent: list[Any] = []
     recorder = Recorder(sent.append, "00-" + "1" * 32 + "-" + "2" * 16 + "-01")
-    for _ in range(_tracing.MAX_CHILD_SPANS + 3):
+    for _ in range(_base.MAX_CHILD_SPANS + 3):
         recorder.start("s", {}).end()
-    assert len(sent) == 2 * _tracing.MAX_CHILD_SPANS
+    assert len(sent) == 2 * _base.MAX_CHILD_SPANS
 
 
 def test_a_model_notes_on_the_span_of_its_call_only_while_it_runs() -> None:
@@ -293,7 +294,8 @@ def test_opentelemetry_without_a_provider_traces_nothing() -> None:
         "import opentelemetry.trace\n"
         "from zett_agent._tracing import _tracer as _tracing\n"
         "assert _tracing.current() is None\n"
-        "assert _tracing.child_trace('w', 't', 's') is None\n"
+        "from zett_agent.runners._span_relay import child_trace\n"
+        "assert child_trace('w', 't', 's') is None\n"
         "print('zett_agent._tracing._otel' in sys.modules, 'opentelemetry.sdk' in sys.modules)\n"
     )
     printed = python_prints(program)

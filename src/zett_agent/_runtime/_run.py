@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from zett_agent._runtime._context import AgentRunConfig, AgentRunContext
     from zett_agent._session import SessionData
     from zett_agent._tools import AgentTool
-    from zett_agent._tracing._tracer import Tracer
+    from zett_agent._tracing._base import Tracer
 
 __all__ = ["RunState"]
 

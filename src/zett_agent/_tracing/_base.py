@@ -7,9 +7,13 @@ runtime passes it, whether it is set when the span starts, set later, or summed 
 records, in the OpenTelemetry tracer (``zett_agent._tracing._otel``), a child's recorder
 (``zett_agent._tracing._span_record``) and the parent's relay of a child's records
 (``zett_agent.runners._span_relay``) alike. What comes out of it any exporter can encode: ints
-within
-64 bits (clamped), bools as bools, finite floats, bounded valid text, short lists of one of
-these.
+within 64 bits (clamped), bools as bools, finite floats, bounded valid text, short lists of one
+of these.
+
+Also the rest of the vocabulary every part of tracing shares: what a span and a tracer are to
+the runtime (``Span``, ``Tracer``), what a traced request shows of itself (``Traced``), an
+error as a span's status says it (``describe``, ``error_type``), and this process as a child
+compares it with its own (``origin``).
 
 Light (imported by every agent, children included): it imports nothing but ``_text``.
 """
@@ -18,8 +22,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
-from typing import Any
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
 
 from zett_agent._text import valid_text
 
@@ -27,11 +35,22 @@ __all__ = [
     "INT_MAX",
     "INT_MIN",
     "MAX_ATTRIBUTES",
+    "MAX_CHILD_SPANS",
+    "MAX_DESCRIPTION",
     "MAX_LIST",
     "MAX_TEXT",
+    "AttributeValue",
+    "Attributes",
+    "Kind",
+    "Span",
+    "Traced",
+    "Tracer",
     "add_ints",
     "clamp_int",
     "clean_attributes",
+    "describe",
+    "error_type",
+    "origin",
     "text",
 ]
 
@@ -147,3 +166,137 @@ def clean_attributes(attributes: object) -> dict[str, Any]:
         if scalar is not None:
             out[text(key)] = scalar
     return out
+
+
+# -- what a span is -----------------------------------------------------------------------------
+
+AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int]
+Attributes = Mapping[str, AttributeValue]
+Kind = Literal["internal", "client"]
+
+#: spans one child may record (the parent enforces the same bound on what it receives)
+MAX_CHILD_SPANS = 10_000
+#: longest status description (an error's one line)
+MAX_DESCRIPTION = 500
+
+
+class Span(Protocol):
+    """One span as the runtime holds it, whatever backs it.
+
+    OpenTelemetry, or a child's recorder. No method raises. Every attribute, given to the
+    tracer's ``start`` or to ``set_attributes``, passes
+    ``zett_agent._tracing._base.clean_attributes`` in the implementation (ints clamped to
+    64 bits, text bounded), so no value can fail an exporter.
+    """
+
+    @property
+    def recording(self) -> bool:
+        """Whether what is set on the span is kept (false for a sampled-out span)."""
+        ...
+
+    def set_attributes(self, attributes: Attributes) -> None: ...
+
+    def end(
+        self,
+        *,
+        error: str | None = None,
+        error_type: str | None = None,
+        end_ns: int | None = None,
+    ) -> None:
+        """End the span (once; later calls are ignored).
+
+        With an error status, ``error`` as its description and ``error.type`` set, when
+        ``error`` is given.
+        """
+        ...
+
+    def activate(self) -> AbstractContextManager[object]:
+        """Make this the current span inside the ``with`` block.
+
+        Spans started there without a ``parent`` become its children.
+        """
+        ...
+
+    def traceparent(self) -> str | None:
+        """Return the W3C ``traceparent`` of this span, or ``None`` if there is none.
+
+        Or of its nearest ancestor whose id is known here: a child knows only its
+        ``invoke_agent`` span's.
+        """
+        ...
+
+
+class Tracer(Protocol):
+    """Starts spans.
+
+    ``request_spans`` says whether a request of an agent is a span of its own (false in a
+    child: the parent's ``invoke_agent`` span is its request).
+    """
+
+    request_spans: bool
+
+    def start(
+        self,
+        name: str,
+        attributes: Attributes,
+        *,
+        parent: Span | None = None,
+        start_ns: int | None = None,
+        kind: Kind = "internal",
+    ) -> Span:
+        """Start a span under ``parent`` (default: the current span). Never raises."""
+        ...
+
+
+class Traced(Protocol):
+    """What the spans of a request read of it (an ``AgentRunContext`` is one)."""
+
+    @property
+    def model(self) -> object:
+        """The model the request runs on (its provider and name go on the request's span)."""
+        ...
+
+    @property
+    def session_id(self) -> str:
+        """The session the request runs in (the span's conversation)."""
+        ...
+
+    @property
+    def usage(self) -> Any:
+        """The tokens the request used so far: ``input_tokens``, ``output_tokens`` (or None)."""
+        ...
+
+
+# -- errors, and this process ---------------------------------------------------------------------
+
+
+def describe(error: BaseException) -> str:
+    """A status description for an exception: one line, bounded."""
+    if isinstance(error, GeneratorExit):
+        return "the stream was closed before it ended"
+    if _is_cancel(error):
+        return "cancelled"
+    detail = " ".join(str(error).split())
+    line = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+    return text(line, MAX_DESCRIPTION)
+
+
+def error_type(error: BaseException) -> str:
+    """The ``error.type`` of an exception: its class name (low cardinality)."""
+    return "cancelled" if _is_cancel(error) else text(type(error).__qualname__, 128)
+
+
+def _is_cancel(error: BaseException) -> bool:
+    import asyncio
+
+    return isinstance(error, asyncio.CancelledError)
+
+
+#: tells a child whether it runs in the process of the parent that traced it (then it must
+#: not touch the environment, which it shares with the parent and its siblings)
+_PROCESS_TOKEN = os.urandom(8).hex()
+
+
+def origin() -> list[object]:
+    """This process, as a child compares it with its own (``[pid, random token]``)."""
+    return [os.getpid(), _PROCESS_TOKEN]

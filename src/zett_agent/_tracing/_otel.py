@@ -15,11 +15,17 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from zett_agent._tracing._base import ERROR_TYPE, clean_attributes, text
-from zett_agent._tracing._tracer import MAX_DESCRIPTION, Attributes, Kind
+from zett_agent._tracing._base import (
+    ERROR_TYPE,
+    MAX_DESCRIPTION,
+    Attributes,
+    Kind,
+    clean_attributes,
+    text,
+)
 
 if TYPE_CHECKING:
-    from zett_agent._tracing._tracer import Span as RuntimeSpan
+    from zett_agent._tracing._base import Span as RuntimeSpan
 
 __all__ = ["OtelSpan", "OtelTracer", "tracer_for"]
 

@@ -32,11 +32,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from zett_agent._tracing._base import MAX_ATTRIBUTES, MAX_LIST, MAX_TEXT, clean_attributes, text
-from zett_agent._tracing._tracer import MAX_CHILD_SPANS, MAX_DESCRIPTION, Attributes, Kind
+from zett_agent._tracing._base import (
+    MAX_ATTRIBUTES,
+    MAX_CHILD_SPANS,
+    MAX_DESCRIPTION,
+    MAX_LIST,
+    MAX_TEXT,
+    Attributes,
+    Kind,
+    clean_attributes,
+    text,
+)
 
 if TYPE_CHECKING:
-    from zett_agent._tracing._tracer import Span
+    from zett_agent._tracing._base import Span
 
 __all__ = ["MAX_ATTRIBUTES", "MAX_LIST", "Recorder", "clean_attributes"]
 

@@ -29,7 +29,7 @@ from zett_agent._tracing._base import (
 )
 
 if TYPE_CHECKING:
-    from zett_agent._tracing._tracer import Attributes
+    from zett_agent._tracing._base import Attributes
 
 __all__ = [
     "ModelNotes",
@@ -50,12 +50,25 @@ def _warn_once(key: str, message: str) -> None:
         log.warning(message, exc_info=True)
 
 
-def _unwrapped(model: object) -> object:
-    """``model`` itself, or the model a child's progress wrapper holds."""
-    from zett_agent.runners._child import ProgressModel
+#: wrappers looked through to the model they wrap, at most
+_MAX_WRAPPERS = 8
 
-    while isinstance(model, ProgressModel):
-        model = model.inner
+
+def _unwrapped(model: object) -> object:
+    """``model`` itself, or the model a wrapper of it holds.
+
+    A wrapper names what it wraps in ``__wrapped__``, the standard library's convention
+    (``functools.wraps``): a child's progress wrapper (``ProgressModel``) does. Followed a few
+    levels at most, so a wrapper naming itself cannot loop.
+    """
+    for _ in range(_MAX_WRAPPERS):
+        try:
+            inner = model.__dict__.get("__wrapped__") if hasattr(model, "__dict__") else None
+        except Exception:  # a __dict__ of the application's model class that raised
+            return model
+        if inner is None or inner is model:
+            return model
+        model = inner
     return model
 
 

@@ -25,8 +25,8 @@ import contextvars
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zett_agent._tracing._base import (
     CHAT,
@@ -34,13 +34,20 @@ from zett_agent._tracing._base import (
     EXECUTE_TOOL,
     INPUT_TOKENS,
     INVOKE_AGENT,
+    MAX_DESCRIPTION,
     OPERATION,
     OUTPUT_TOKENS,
     REQUEST_MODEL,
     TOOL_CALL_ID,
     TOOL_NAME,
     TOOL_TYPE,
+    AttributeValue,
+    Traced,
+    Tracer,
     clamp_int,
+    describe,
+    error_type,
+    origin,
     text,
 )
 from zett_agent._tracing._trace_models import (
@@ -53,21 +60,13 @@ from zett_agent._tracing._trace_models import (
 )
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from zett_agent._messages import ToolCall, ToolMessage
     from zett_agent._model import Model, ModelEvent, ModelRequest
-    from zett_agent._runtime._context import AgentRunContext
-    from zett_agent.runners._span_relay import ChildTrace
 
 __all__ = [
-    "MAX_CHILD_SPANS",
     "ChildTracing",
     "ModelNotes",
-    "Span",
-    "Tracer",
     "agent_attributes",
-    "child_trace",
     "current",
     "model_attributes",
     "model_name",
@@ -75,91 +74,17 @@ __all__ = [
     "note_model_call",
     "request",
     "tool_call",
+    "warn_once",
 ]
 
 log = logging.getLogger("zett_agent.tracing")
 
 _T = TypeVar("_T")
+#: what a request's spans read of it: an ``AgentRunContext``, typed as itself for its callbacks
+_C = TypeVar("_C", bound=Traced)
 
-AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int]
-Attributes = Mapping[str, AttributeValue]
-Kind = Literal["internal", "client"]
-
-# the names of operations and attributes, and the gate every attribute value passes
-# (``clean_attributes``): zett_agent._tracing._base
-
-#: spans one child may record (the parent enforces the same bound on what it receives)
-MAX_CHILD_SPANS = 10_000
-#: longest status description (an error's one line)
-MAX_DESCRIPTION = 500
-
-
-class Span(Protocol):
-    """One span as the runtime holds it, whatever backs it.
-
-    OpenTelemetry, or a child's recorder. No method raises. Every attribute, given to the
-    tracer's ``start`` or to ``set_attributes``, passes
-    ``zett_agent._tracing._base.clean_attributes`` in the implementation (ints clamped to
-    64 bits, text bounded), so no value can fail an exporter.
-    """
-
-    @property
-    def recording(self) -> bool:
-        """Whether what is set on the span is kept (false for a sampled-out span)."""
-        ...
-
-    def set_attributes(self, attributes: Attributes) -> None: ...
-
-    def end(
-        self,
-        *,
-        error: str | None = None,
-        error_type: str | None = None,
-        end_ns: int | None = None,
-    ) -> None:
-        """End the span (once; later calls are ignored).
-
-        With an error status, ``error`` as its description and ``error.type`` set, when
-        ``error`` is given.
-        """
-        ...
-
-    def activate(self) -> AbstractContextManager[object]:
-        """Make this the current span inside the ``with`` block.
-
-        Spans started there without a ``parent`` become its children.
-        """
-        ...
-
-    def traceparent(self) -> str | None:
-        """Return the W3C ``traceparent`` of this span, or ``None`` if there is none.
-
-        Or of its nearest ancestor whose id is known here: a child knows only its
-        ``invoke_agent`` span's.
-        """
-        ...
-
-
-class Tracer(Protocol):
-    """Starts spans.
-
-    ``request_spans`` says whether a request of an agent is a span of its own (false in a
-    child: the parent's ``invoke_agent`` span is its request).
-    """
-
-    request_spans: bool
-
-    def start(
-        self,
-        name: str,
-        attributes: Attributes,
-        *,
-        parent: Span | None = None,
-        start_ns: int | None = None,
-        kind: Kind = "internal",
-    ) -> Span:
-        """Start a span under ``parent`` (default: the current span). Never raises."""
-        ...
+# the names of operations and attributes, what a span is, and the gate every attribute value
+# passes (``clean_attributes``): zett_agent._tracing._base
 
 
 # -- which tracer -----------------------------------------------------------------------------
@@ -190,39 +115,17 @@ def current() -> Tracer | None:
 
         return _otel.tracer_for(provider)
     except Exception:
-        _warn_once("provider", "OpenTelemetry tracing is off: the tracer provider failed")
+        warn_once("provider", "OpenTelemetry tracing is off: the tracer provider failed")
         return None
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(message, exc_info=True)
 
 
 # -- what the runtime traces ------------------------------------------------------------------
-
-
-def describe(error: BaseException) -> str:
-    """A status description for an exception: one line, bounded."""
-    if isinstance(error, GeneratorExit):
-        return "the stream was closed before it ended"
-    if _is_cancel(error):
-        return "cancelled"
-    detail = " ".join(str(error).split())
-    line = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
-    return text(line, MAX_DESCRIPTION)
-
-
-def error_type(error: BaseException) -> str:
-    """The ``error.type`` of an exception: its class name (low cardinality)."""
-    return "cancelled" if _is_cancel(error) else text(type(error).__qualname__, 128)
-
-
-def _is_cancel(error: BaseException) -> bool:
-    import asyncio
-
-    return isinstance(error, asyncio.CancelledError)
 
 
 def _usage_attributes(usage: Any) -> dict[str, AttributeValue]:
@@ -241,8 +144,8 @@ def _usage_attributes(usage: Any) -> dict[str, AttributeValue]:
 
 async def request(
     tracer: Tracer,
-    context: AgentRunContext,
-    execute: Callable[[AgentRunContext], Awaitable[_T]],
+    context: _C,
+    execute: Callable[[_C], Awaitable[_T]],
 ) -> _T:
     """Run ``execute(context)`` (one request) as an ``invoke_agent`` span.
 
@@ -272,7 +175,7 @@ async def request(
 
 
 def model_stream(
-    tracer: Tracer, context: AgentRunContext, model: Model
+    tracer: Tracer, context: Traced, model: Model
 ) -> Callable[[ModelRequest], AsyncIterator[ModelEvent]]:
     """Return ``model.stream`` with every call a ``chat {model}`` span (kind client).
 
@@ -326,9 +229,9 @@ def model_stream(
 
 async def tool_call(
     tracer: Tracer,
-    context: AgentRunContext,
+    context: _C,
     call: ToolCall,
-    run: Callable[[AgentRunContext, ToolCall], Awaitable[ToolMessage]],
+    run: Callable[[_C, ToolCall], Awaitable[ToolMessage]],
 ) -> ToolMessage:
     """Run one tool call (its hooks included) as an ``execute_tool {tool}`` span.
 
@@ -364,52 +267,6 @@ async def tool_call(
 
 
 # -- children ---------------------------------------------------------------------------------
-
-
-def child_trace(
-    agent_name: str,
-    agent_id: str,
-    conversation_id: str,
-    description: str = "",
-    *,
-    agent_description: str = "",
-    model: object = None,
-) -> ChildTrace | None:
-    """Open the ``invoke_agent {agent_name}`` span of a child about to start.
-
-    Under the current span (the parent's ``execute_tool task_start``); ``None`` when nothing
-    is traced. ``description`` is the task's (what the parent's model wrote),
-    ``agent_description`` the definition's, ``model`` the child's model (its provider and name
-    go on the span). See ``zett_agent.runners._span_relay.ChildTrace`` for what to do with it.
-    """
-    tracer = current()
-    if tracer is None:
-        return None
-    try:
-        from zett_agent.runners._span_relay import ChildTrace
-
-        return ChildTrace(
-            tracer,
-            agent_name,
-            agent_id,
-            conversation_id,
-            description,
-            agent_description=agent_description,
-            model=model,
-        )
-    except Exception:
-        _warn_once("child", "could not open the span of a child agent; it is not traced")
-        return None
-
-
-#: tells a child whether it runs in the process of the parent that traced it (then it must
-#: not touch the environment, which it shares with the parent and its siblings)
-_PROCESS_TOKEN = os.urandom(8).hex()
-
-
-def origin() -> list[object]:
-    """This process, as a child compares it with its own (``[pid, random token]``)."""
-    return [os.getpid(), _PROCESS_TOKEN]
 
 
 class ChildTracing:

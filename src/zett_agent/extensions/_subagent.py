@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from zett_agent._checks import described, repeated_names
 from zett_agent._runtime._extension import Extension
-from zett_agent._tracing import _tracer as _tracing
+from zett_agent._tracing import _tracer
 from zett_agent.extensions._child_build import build_child
 from zett_agent.extensions._definition import (
     SubAgentDefinition,
@@ -338,14 +338,8 @@ class SubAgentExtension(ChildAgentExtension):
         if not prompt.strip():
             raise ValueError("prompt is empty; give the subagent the full task to work on")
         session_id = f"{context.session_id}/subagent-{self._next_number()}"
-        # tracing: the child's invoke_agent span (None when off; see zett_agent._tracing._tracer)
-        trace = _tracing.child_trace(
-            definition.name,
-            session_id.rsplit("/", 1)[-1],
-            session_id,
-            description,
-            agent_description=definition.description,
-            model=definition.model if definition.model is not None else context.model,
+        trace = open_child_trace(
+            definition, session_id.rsplit("/", 1)[-1], session_id, description, context.model
         )
         try:
             job = await self._launch(
@@ -416,6 +410,32 @@ def create_child(spec: ChildSpec, model: Model) -> Agent:
     instance.__dict__.update(spec.state)
     definition = cast("SubAgentDefinition", spec.definition)
     return instance._create_child(definition, model=model, session_id=spec.session_id)
+
+
+def open_child_trace(
+    definition: SubAgentDefinition,
+    agent_id: str,
+    session_id: str,
+    description: str,
+    parent_model: Model,
+) -> ChildTrace | None:
+    """The ``invoke_agent`` span of a child about to start, or ``None`` when nothing is traced.
+
+    See ``zett_agent.runners._span_relay.child_trace``. The relay is imported only when
+    something is traced: a program that traces nothing never loads it.
+    """
+    if _tracer.current() is None:
+        return None
+    from zett_agent.runners._span_relay import child_trace
+
+    return child_trace(
+        definition.name,
+        agent_id,
+        session_id,
+        description,
+        agent_description=definition.description,
+        model=definition.model if definition.model is not None else parent_model,
+    )
 
 
 def short_repr(value: object, limit: int = 100) -> str:

@@ -156,6 +156,8 @@ class ProgressModel:
 
     def __init__(self, inner: Model, emit: Callable[[Any], None]) -> None:
         self.inner = inner
+        #: what it wraps, by the standard library's convention (spans name the inner model)
+        self.__wrapped__ = inner
         self.retry: RetryOptions = inner.retry
         self._emit = emit
         self._turn = 0

@@ -36,31 +36,30 @@ from zett_agent._tracing._base import (
     CONVERSATION,
     INPUT_TOKENS,
     INVOKE_AGENT,
+    MAX_CHILD_SPANS,
+    MAX_DESCRIPTION,
     OPERATION,
     OUTPUT_TOKENS,
     SPANS_DROPPED,
     TASK_DESCRIPTION,
-    add_ints,
-    clean_attributes,
-    text,
-)
-from zett_agent._tracing._trace_models import agent_attributes
-from zett_agent._tracing._tracer import (
-    MAX_CHILD_SPANS,
-    MAX_DESCRIPTION,
     Kind,
     Span,
     Tracer,
+    add_ints,
+    clean_attributes,
     describe,
     error_type,
     origin,
+    text,
 )
+from zett_agent._tracing._trace_models import agent_attributes
+from zett_agent._tracing._tracer import current, warn_once
 
 if TYPE_CHECKING:
     from zett_agent.runners._base import ChildJob
     from zett_agent.runners._child import ChildSpec
 
-__all__ = ["MAX_DEPTH", "MAX_OPEN", "ChildTrace"]
+__all__ = ["MAX_DEPTH", "MAX_OPEN", "ChildTrace", "child_trace"]
 
 log = logging.getLogger("zett_agent.tracing")
 
@@ -300,6 +299,40 @@ class ChildTrace:
             self._root.end(error=reason, error_type=kind, end_ns=now)
         except Exception:
             log.debug("could not end a child's spans", exc_info=True)
+
+
+def child_trace(
+    agent_name: str,
+    agent_id: str,
+    conversation_id: str,
+    description: str = "",
+    *,
+    agent_description: str = "",
+    model: object = None,
+) -> ChildTrace | None:
+    """Open the ``invoke_agent {agent_name}`` span of a child about to start.
+
+    Under the current span (the parent's ``execute_tool task_start``); ``None`` when nothing
+    is traced. ``description`` is the task's (what the parent's model wrote),
+    ``agent_description`` the definition's, ``model`` the child's model (its provider and name
+    go on the span). See ``zett_agent.runners._span_relay.ChildTrace`` for what to do with it.
+    """
+    tracer = current()
+    if tracer is None:
+        return None
+    try:
+        return ChildTrace(
+            tracer,
+            agent_name,
+            agent_id,
+            conversation_id,
+            description,
+            agent_description=agent_description,
+            model=model,
+        )
+    except Exception:
+        warn_once("child", "could not open the span of a child agent; it is not traced")
+        return None
 
 
 def _job_error_type(error: BaseException) -> str:

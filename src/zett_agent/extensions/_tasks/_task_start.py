@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zett_agent._tracing import _tracer as _tracing
+from zett_agent.extensions._subagent import open_child_trace
 from zett_agent.extensions._tasks._task import SubAgentTask
 from zett_agent.runners._base import CountsTokens
 
@@ -78,16 +78,8 @@ class TaskStarter:
         )
         # the slot is taken from here on, across the awaits below
         with registry.starting(context.session_id, session):
-            # tracing: the child's invoke_agent span (None when off; see
-            # zett_agent._tracing._tracer)
-            trace = _tracing.child_trace(
-                profile.name,
-                task_id,
-                task.session_id,
-                description,
-                agent_description=profile.description,
-                model=profile.model if profile.model is not None else context.model,
-            )
+            # tracing: the child's invoke_agent span (None when off)
+            trace = open_child_trace(profile, task_id, task.session_id, description, context.model)
             started = False
             try:
                 # stored before its child starts: a task the store cannot take never runs
