@@ -13,16 +13,17 @@ Imported by every child (the module of every definition imports it): light.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from zett_agent.extensions._child_inbox import ChildInbox, attach
+from zett_agent.extensions._definition import StartsChildren, SubAgentDefinition
 from zett_agent.runners._child import ChildSpec, set_default_build
 
 if TYPE_CHECKING:
     from zett_agent._model import Model
     from zett_agent._runtime._agent import Agent
 
-__all__ = ["AgentChildRun", "build_child"]
+__all__ = ["AgentChildRun", "build_child", "create_child", "default_agent"]
 
 
 class AgentChildRun:
@@ -49,11 +50,9 @@ class AgentChildRun:
 
     async def close(self) -> None:
         """Close the agent, then the subagent extensions of a child that started children."""
-        from zett_agent.extensions._subagent import ChildAgentExtension
-
         await self._agent.close()
         for extension in self._agent.extensions:
-            if isinstance(extension, ChildAgentExtension):
+            if isinstance(extension, StartsChildren):
                 await extension.close()
 
 
@@ -62,9 +61,37 @@ def build_child(spec: ChildSpec, model: Model, emit: Callable[[Any], None]) -> A
 
     Raises what ``_create_child`` raises.
     """
-    from zett_agent.extensions._subagent import create_child
-
     return AgentChildRun(create_child(spec, model), spec, emit)
+
+
+def create_child(spec: ChildSpec, model: Model) -> Agent:
+    """Build the agent of ``spec`` (in the child).
+
+    With the extension class's ``_create_child`` when the spec names one (``factory``): ``self``
+    there is a fresh instance of the class made without ``__init__``, holding only the spec's
+    ``state`` (what ``child_state()`` returned in the parent). Else ``default_agent``, which is
+    what ``_create_child`` does unless overridden.
+    """
+    definition = cast("SubAgentDefinition", spec.definition)
+    factory = spec.factory
+    if factory is None:
+        return default_agent(definition, model)
+    instance: Any = cast(Any, factory).__new__(factory)
+    instance.__dict__.update(spec.state)
+    agent: Agent = instance._create_child(definition, model=model, session_id=spec.session_id)
+    return agent
+
+
+def default_agent(definition: SubAgentDefinition, model: Model) -> Agent:
+    """The agent a definition describes: its tools, extensions and system prompt on ``model``."""
+    from zett_agent.agent import Agent
+
+    return Agent(
+        model,
+        extensions=definition.extensions,
+        tools=definition.tools,
+        system_prompt=definition.system_prompt,
+    )
 
 
 set_default_build(build_child)

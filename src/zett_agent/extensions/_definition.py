@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from zett_agent._checks import check_int, described, repeated_names
 from zett_agent._model import Model
@@ -12,6 +12,21 @@ from zett_agent._runtime._extension import Extension
 from zett_agent._tools import AgentTool, tool
 from zett_agent.process import ProcessLimits, Sandbox
 from zett_agent.process._sandbox._options import check_sandbox
+
+
+@runtime_checkable
+class StartsChildren(Protocol):
+    """An extension that starts child agents of its own (a subagent extension is one).
+
+    What a child's build and the preload scan need of it: its definitions (what its children
+    import), and ``close()`` (what a child that started children closes as it ends).
+    """
+
+    subagents: Sequence[SubAgentDefinition]
+
+    async def close(self) -> None:
+        """Close what it started."""
+        ...
 
 
 @dataclass(frozen=True, init=False)
@@ -250,8 +265,3 @@ def explore_profile(root: str | None = None, model: Model | None = None) -> SubA
 def default_subagents() -> tuple[SubAgentDefinition, ...]:
     """The profiles used when an extension is given none: ``reasoning`` and ``explore``."""
     return (reasoning_profile(), explore_profile())
-
-
-# Wherever a definition exists, so does the build of a spec made from it by hand (a spec with
-# no ``build``): the runners know no extension, this names it for them.
-from zett_agent.extensions import _child_build  # noqa: E402, F401

@@ -24,11 +24,9 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from zett_agent.extensions._definition import SubAgentDefinition
-
+from zett_agent.extensions._definition import StartsChildren, SubAgentDefinition
 from zett_agent.runners._preload import excluded
 
 __all__ = ["child_modules"]
@@ -56,8 +54,6 @@ def child_modules(
 def _objects(
     definitions: Sequence[SubAgentDefinition], parent_model: Any, factory: type | None, depth: int
 ) -> Iterator[Any]:
-    from zett_agent.extensions._subagent import ChildAgentExtension
-
     if factory is not None:
         yield factory
     for definition in definitions:
@@ -68,7 +64,7 @@ def _objects(
             yield inspect.unwrap(tool.handler)
         for extension in definition.extensions:
             yield extension
-            if isinstance(extension, ChildAgentExtension) and depth < 8:
+            if isinstance(extension, StartsChildren) and depth < 8:
                 # a child that starts children: their modules are imported in its tree too
                 yield from _objects(extension.subagents, model, None, depth + 1)
 

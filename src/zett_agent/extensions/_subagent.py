@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import described, repeated_names
 from zett_agent._runtime._extension import Extension
 from zett_agent._tracing import _tracer
-from zett_agent.extensions._child_build import build_child
+from zett_agent.extensions._child_build import build_child, default_agent
 from zett_agent.extensions._definition import (
     SubAgentDefinition,
     check_combination,
@@ -178,14 +178,7 @@ class ChildAgentExtension(Extension):
         (tasks, runner, pool, the subclass's locks or clients). The class travels by reference
         when its module is importable, by value (cloudpickle) when it lives in ``__main__``.
         """
-        from zett_agent.agent import Agent
-
-        return Agent(
-            model,
-            extensions=definition.extensions,
-            tools=definition.tools,
-            system_prompt=definition.system_prompt,
-        )
+        return default_agent(definition, model)
 
     def child_state(self) -> Mapping[str, Any]:
         """Return the picklable configuration ``_create_child`` needs in the child.
@@ -397,19 +390,6 @@ _START_SCHEMA: dict[str, Any] = {
     "required": ["subagent_type", "description", "prompt"],
     "additionalProperties": False,
 }
-
-
-def create_child(spec: ChildSpec, model: Model) -> Agent:
-    """Build the agent of ``spec`` with its extension class's ``_create_child`` (in the child).
-
-    ``self`` there is a fresh instance of the class made without ``__init__``, holding only the
-    spec's ``state`` (what ``child_state()`` returned in the parent).
-    """
-    factory: type[ChildAgentExtension] = spec.factory or ChildAgentExtension
-    instance = factory.__new__(factory)
-    instance.__dict__.update(spec.state)
-    definition = cast("SubAgentDefinition", spec.definition)
-    return instance._create_child(definition, model=model, session_id=spec.session_id)
 
 
 def open_child_trace(

@@ -89,9 +89,10 @@ _default_build: list[ChildBuild] = []
 def set_default_build(build: ChildBuild) -> None:
     """Name the build a spec without ``build`` gets.
 
-    Called once by ``zett_agent.extensions._child_build`` as it is imported; the module of
-    every ``SubAgentDefinition`` imports it, so wherever a spec exists (the parent that made
-    it, the child that unpickled its definition) its default build is known.
+    Called once by ``zett_agent.extensions._child_build`` as it is imported (by the subagent
+    extensions, which every public path to ``SubAgentDefinition`` imports). A spec made
+    without a ``build`` takes it when it is made (``ChildSpec.__post_init__``), so it ships its
+    build by reference and the child imports the build's module as it unpickles the spec.
     """
     _default_build[:] = [build]
 
@@ -136,6 +137,10 @@ class ChildSpec:
     broker: bool = False
     trace: Mapping[str, Any] | None = None
     build: ChildBuild | None = None
+
+    def __post_init__(self) -> None:
+        if self.build is None and _default_build:
+            object.__setattr__(self, "build", _default_build[0])
 
 
 class ProgressModel:
