@@ -19,8 +19,8 @@ from zett_agent.extensions._tasks._task import SubAgentTaskStatus
 from zett_agent.runners._base import CountsTokens
 
 if TYPE_CHECKING:
-    from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
     from zett_agent.extensions._tasks._task import SubAgentTask
+    from zett_agent.extensions._tasks._task_owner import TaskOwner
     from zett_agent.extensions._tasks._task_registry import TaskRegistry
 
 __all__ = ["Chores", "TaskGuard", "TaskPart", "observe"]
@@ -62,9 +62,7 @@ class Chores:
 class TaskPart:
     """A part of the extension that works on its tasks: the owner, its registry and chores."""
 
-    def __init__(
-        self, owner: AsyncSubAgentExtension, registry: TaskRegistry, chores: Chores
-    ) -> None:
+    def __init__(self, owner: TaskOwner, registry: TaskRegistry, chores: Chores) -> None:
         self._owner = owner
         self._registry = registry
         self._chores = chores

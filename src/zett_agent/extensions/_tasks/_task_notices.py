@@ -22,8 +22,8 @@ from zett_agent.extensions._tasks._task import NOTICE_REPORT_CHARS, SubAgentTask
 
 if TYPE_CHECKING:
     from zett_agent.agent import AgentRunContext
-    from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
     from zett_agent.extensions._tasks._task import SubAgentTask
+    from zett_agent.extensions._tasks._task_owner import TaskOwner
     from zett_agent.extensions._tasks._task_registry import TaskRegistry
 
 __all__ = ["TaskNotices", "completion_text", "stall_text"]
@@ -35,7 +35,7 @@ log = logging.getLogger("zett_agent.extensions._async_subagent")
 class TaskNotices:
     """What the owner's sessions are owed, and its delivery to the parent."""
 
-    def __init__(self, owner: AsyncSubAgentExtension, registry: TaskRegistry) -> None:
+    def __init__(self, owner: TaskOwner, registry: TaskRegistry) -> None:
         self._owner = owner
         self._registry = registry
 

@@ -26,8 +26,8 @@ from zett_agent.extensions._tasks._task import SessionTasks
 
 if TYPE_CHECKING:
     from zett_agent._runtime._agent import Agent
-    from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
     from zett_agent.extensions._tasks._task import SubAgentTask
+    from zett_agent.extensions._tasks._task_owner import TaskOwner
 
 __all__ = ["EVICTED", "RELEASED", "TaskRegistry"]
 
@@ -50,7 +50,7 @@ class TaskRegistry:
         store: The registry's file, if any (a copy of the extension in a child has none).
     """
 
-    def __init__(self, owner: AsyncSubAgentExtension) -> None:
+    def __init__(self, owner: TaskOwner) -> None:
         #: read for its ``max_sessions`` and ``max_retained``, as they are now
         self._owner = owner
         self.sessions: dict[str, SessionTasks] = {}

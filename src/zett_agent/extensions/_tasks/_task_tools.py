@@ -25,9 +25,9 @@ from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
     from zett_agent.agent import AgentRunContext
-    from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
     from zett_agent.extensions._definition import SubAgentDefinition
     from zett_agent.extensions._tasks._task_messages import MessageRecord
+    from zett_agent.extensions._tasks._task_owner import TaskOwner
 
 __all__ = [
     "DEFAULT_WAIT_SECONDS",
@@ -103,7 +103,7 @@ async def wait_for(tasks: Sequence[SubAgentTask], *, every: bool, seconds: float
 
 
 def task_tools(
-    extension: AsyncSubAgentExtension,
+    extension: TaskOwner,
     access: TaskAccess,
     context: AgentRunContext,
     subagents: Sequence[SubAgentDefinition],
@@ -222,7 +222,7 @@ def task_tools(
 
 
 def extra_tools(
-    extension: AsyncSubAgentExtension, access: TaskAccess, session_id: str, names: Iterable[str]
+    extension: TaskOwner, access: TaskAccess, session_id: str, names: Iterable[str]
 ) -> tuple[AgentTool, ...]:
     """The tools ``names`` (from ``EXTRA_TOOLS``) for one request of ``session_id``."""
     build = {"task_wait": _task_wait, "task_message": _task_message}
@@ -247,9 +247,7 @@ def _json(value: Any) -> str:
     return valid_text(json.dumps(value, ensure_ascii=False))
 
 
-def _tasks(
-    extension: AsyncSubAgentExtension, access: TaskAccess, session_id: str, ids: list[str]
-) -> list[Any]:
+def _tasks(extension: TaskOwner, access: TaskAccess, session_id: str, ids: list[str]) -> list[Any]:
     """The tasks of ``ids`` (repeats once); one ``ValueError`` naming every unknown id."""
     tasks, unknown, errors = [], [], []
     for task_id in dict.fromkeys(ids):
@@ -270,7 +268,7 @@ def _tasks(
     return tasks
 
 
-def _task_wait(extension: AsyncSubAgentExtension, access: TaskAccess, session_id: str) -> AgentTool:
+def _task_wait(extension: TaskOwner, access: TaskAccess, session_id: str) -> AgentTool:
     async def task_wait(
         task_ids: list[str], mode: str = "any", wait_seconds: float = DEFAULT_WAIT_SECONDS
     ) -> str:
@@ -339,9 +337,7 @@ def task_id_property(description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "maxLength": 100, "description": description}
 
 
-def _task_message(
-    extension: AsyncSubAgentExtension, access: TaskAccess, session_id: str
-) -> AgentTool:
+def _task_message(extension: TaskOwner, access: TaskAccess, session_id: str) -> AgentTool:
     async def task_message(task_id: str, message: str, interrupt: bool = False) -> str:
         task = extension.get_task(session_id, task_id)
         record = access.queue_message(task, message, interrupt)

@@ -19,10 +19,10 @@ from zett_agent.process import JobCancelled, PoolClosed
 from zett_agent.runners._report import failure_reason, report_content
 
 if TYPE_CHECKING:
-    from zett_agent.extensions._async_subagent import AsyncSubAgentExtension
     from zett_agent.extensions._tasks._task import SubAgentTask
     from zett_agent.extensions._tasks._task_guard import TaskGuard
     from zett_agent.extensions._tasks._task_notices import TaskNotices
+    from zett_agent.extensions._tasks._task_owner import TaskOwner
     from zett_agent.extensions._tasks._task_registry import TaskRegistry
     from zett_agent.runners._span_relay import ChildTrace
 
@@ -34,7 +34,7 @@ class TaskWatch:
 
     def __init__(
         self,
-        owner: AsyncSubAgentExtension,
+        owner: TaskOwner,
         registry: TaskRegistry,
         guard: TaskGuard,
         notices: TaskNotices,
