@@ -21,7 +21,7 @@ from typing import Any
 from zett_agent._events import AgentEvent, InternalMessageEvent
 from zett_agent._messages import AgentMessage, AssistantMessage, Message, UserMessage
 from zett_agent._model import Model
-from zett_agent._runtime._context import AgentRunConfig, AgentRunContext
+from zett_agent._runtime._context import AgentRunConfig, AgentRunContext, RunState
 from zett_agent._runtime._errors import (
     AgentClosedError,
     AgentError,
@@ -31,7 +31,6 @@ from zett_agent._runtime._errors import (
 from zett_agent._runtime._extension import Extension, agent_closed, request_ended, request_started
 from zett_agent._runtime._hooks import Hooks
 from zett_agent._runtime._model_call import ModelCall
-from zett_agent._runtime._run import RunState
 from zett_agent._runtime._tool_batch import ToolBatch
 from zett_agent._runtime._turns import Turns
 from zett_agent._session import InMemorySessionStore, SessionData, SessionStore

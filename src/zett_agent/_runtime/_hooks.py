@@ -20,9 +20,8 @@ from zett_agent._events import AgentEvent, InternalMessageEvent, MessageAppended
 
 if TYPE_CHECKING:
     from zett_agent._messages import Message
-    from zett_agent._runtime._context import AgentRunContext
+    from zett_agent._runtime._context import AgentRunContext, RunState
     from zett_agent._runtime._extension import Extension
-    from zett_agent._runtime._run import RunState
 
 __all__ = ["Hooks"]
 

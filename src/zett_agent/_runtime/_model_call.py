@@ -22,10 +22,9 @@ from zett_agent._tracing import _tracer as _tracing
 
 if TYPE_CHECKING:
     from zett_agent._model import Model, ModelRequest, ModelResponse
-    from zett_agent._runtime._context import AgentRunContext
+    from zett_agent._runtime._context import AgentRunContext, RunState
     from zett_agent._runtime._extension import Extension
     from zett_agent._runtime._hooks import Hooks
-    from zett_agent._runtime._run import RunState
 
 __all__ = ["ModelCall"]
 

@@ -23,10 +23,9 @@ from zett_agent._tools import AgentTool, ToolResult, UnknownToolError
 from zett_agent._tracing import _tracer as _tracing
 
 if TYPE_CHECKING:
-    from zett_agent._runtime._context import AgentRunContext
+    from zett_agent._runtime._context import AgentRunContext, RunState
     from zett_agent._runtime._extension import Extension
     from zett_agent._runtime._hooks import Hooks
-    from zett_agent._runtime._run import RunState
 
 __all__ = [
     "CANCEL_SKIP_TEXT",

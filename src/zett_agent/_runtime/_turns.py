@@ -34,10 +34,9 @@ from zett_agent._runtime._tool_batch import (
 
 if TYPE_CHECKING:
     from zett_agent._messages import AssistantMessage
-    from zett_agent._runtime._context import AgentRunContext
+    from zett_agent._runtime._context import AgentRunContext, RunState
     from zett_agent._runtime._hooks import Hooks
     from zett_agent._runtime._model_call import ModelCall
-    from zett_agent._runtime._run import RunState
     from zett_agent._runtime._tool_batch import ToolBatch
     from zett_agent._tools import AgentTool
 

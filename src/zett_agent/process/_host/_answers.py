@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ProtocolError
 from .._sandbox._options import SandboxUnavailable
 from ._channel import Channel
-from ._job import JobStatus
+from ._job_core import JobStatus
 from ._outcome import failure_error
 from ._owned import OwnedSocket
 from ._reaping import Reaper

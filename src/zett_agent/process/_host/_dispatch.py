@@ -19,7 +19,7 @@ from .._errors import JobTimeout, ProcessError
 from .._janitor import Janitor
 from .._limits import ProcessLimits
 from .._wire._protocol import FLAG_LAST, FLAG_SANDBOX, HEADER
-from ._job import JobStatus
+from ._job_core import JobStatus
 from ._supervised import Worker, WorkerState
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from .._errors import PoolClosed, ProcessError, WorkerCrashed
 from .._sandbox import _landlock, _scratch
 from ._answers import WorkerEvents
 from ._graveyard import Graveyard
-from ._job import JobStatus
+from ._job_core import JobStatus
 
 if TYPE_CHECKING:
     from .._containment._strategy import Containment

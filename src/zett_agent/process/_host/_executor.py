@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import JobCancelled
-from ._job import JobStatus
+from ._job_core import JobStatus
 
 if TYPE_CHECKING:
     from ._job import ProcessJob

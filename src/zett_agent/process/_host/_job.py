@@ -1,14 +1,13 @@
 """``ProcessJob``: the caller's handle of one submitted job: its outcome, messages, events.
 
-Its state is a ``JobCore`` (``_job_core``) that the pool runs; ``JobStatus`` and ``JobUsage``
-are what the handle reports.
+Its state is a ``JobCore`` (``_job_core``, with its lifecycle ``JobStatus``) that the pool
+runs; ``JobStatus`` and ``JobUsage`` are what the handle reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import json
 import time
@@ -22,33 +21,18 @@ import psutil
 
 from .._errors import JobCancelled
 from .._wire._protocol import FLAG_MESSAGE, HEADER
+from ._job_core import JobCore, JobStatus
 
 if TYPE_CHECKING:
     from .._limits import ProcessLimits
     from .._sandbox._options import Sandbox
     from ._channel import Channel
-    from ._job_core import JobCore
 
 __all__ = ["SEND_BUFFER_BYTES", "JobStatus", "JobUsage", "ProcessJob", "set_event_filter"]
 
 #: Bytes of messages (``ProcessJob.send``) the host holds per job that the worker's socket has
 #: not taken yet; a sender waits while one more would exceed it, and no message may be larger.
 SEND_BUFFER_BYTES = 4 * 1024 * 1024
-
-
-class JobStatus(enum.Enum):
-    """Lifecycle of a job.
-
-    ``QUEUED -> RUNNING -> COMPLETED | FAILED | CANCELLED``; a queued job can also end directly
-    (``CANCELLED``, or ``FAILED`` when no worker could be started). Any other transition is a bug
-    and raises ``RuntimeError``.
-    """
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)

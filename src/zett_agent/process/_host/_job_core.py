@@ -10,19 +10,34 @@ neither side touches the other's private state.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
-
-from ._job import JobStatus
 
 if TYPE_CHECKING:
     from .._limits import ProcessLimits
     from .._sandbox._options import Sandbox
     from ._channel import Channel
 
-__all__ = ["JobCore", "JobSeat"]
+__all__ = ["JobCore", "JobSeat", "JobStatus"]
+
+
+class JobStatus(enum.Enum):
+    """Lifecycle of a job.
+
+    ``QUEUED -> RUNNING -> COMPLETED | FAILED | CANCELLED``; a queued job can also end directly
+    (``CANCELLED``, or ``FAILED`` when no worker could be started). Any other transition is a bug
+    and raises ``RuntimeError``.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
 
 _QUEUED, _RUNNING = JobStatus.QUEUED, JobStatus.RUNNING
 

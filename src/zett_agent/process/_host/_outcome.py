@@ -19,7 +19,7 @@ from .._errors import (
     WorkerCrashed,
 )
 from .._limits import ProcessLimits
-from ._job import JobStatus
+from ._job_core import JobStatus
 
 __all__ = ["death_outcome", "failure_error", "signal_name"]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .._sandbox import _scratch
 from ._dispatch import Dispatcher
-from ._job import JobStatus
+from ._job_core import JobStatus
 from ._outcome import death_outcome
 from ._supervised import Worker, WorkerState
 

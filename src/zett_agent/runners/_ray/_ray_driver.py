@@ -15,17 +15,50 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zett_agent.runners._ray import _ray_cluster, _ray_kill, _ray_task, _ray_views
 
 if TYPE_CHECKING:
-    from zett_agent.runners._ray._ray_job import RayJob
-    from zett_agent.runners._ray._ray_runner import RayRunner
+    from collections.abc import Hashable
 
 __all__ = ["JobDriver"]
 
 log = logging.getLogger(__name__)
+
+
+class RunnerOptions(Protocol):
+    """What the jobs read of their runner's options (``RayRunner`` has them)."""
+
+    @property
+    def kill_timeout(self) -> float:
+        """Seconds a kill may take before the job is given up."""
+        ...
+
+    @property
+    def end_timeout(self) -> float:
+        """Seconds the end of a killed job's stream may take."""
+        ...
+
+    @property
+    def kill_from_host(self) -> bool:
+        """Whether the host may kill a child's tree itself when its node is the host's."""
+        ...
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame a child may send."""
+        ...
+
+    @property
+    def max_buffered_events(self) -> int:
+        """Unread events kept per job."""
+        ...
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        """What unread events of one job may hold."""
+        ...
 
 
 class JobDriver:
@@ -40,19 +73,19 @@ class JobDriver:
         closed: Whether the runner was closed.
     """
 
-    def __init__(self, runner: RayRunner) -> None:
+    def __init__(self, runner: RunnerOptions) -> None:
         self.runner = runner
         self.calls = _ray_cluster.Calls()
         self.reapers = _ray_cluster.Reapers(self.calls)
-        self.jobs: dict[RayJob, Callable[[BaseException], Awaitable[None]]] = {}
+        self.jobs: dict[Hashable, Callable[[BaseException], Awaitable[None]]] = {}
         self.closed = False
         self._views = _ray_views.views()
 
-    def add(self, job: RayJob, kill: Callable[[BaseException], Awaitable[None]]) -> None:
+    def add(self, job: Hashable, kill: Callable[[BaseException], Awaitable[None]]) -> None:
         """Count ``job`` as running; ``kill(reason)`` ends it when the runner closes."""
         self.jobs[job] = kill
 
-    def discard(self, job: RayJob) -> None:
+    def discard(self, job: Hashable) -> None:
         """``job`` ended: the runner no longer runs it."""
         self.jobs.pop(job, None)
 
