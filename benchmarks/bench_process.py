@@ -62,6 +62,7 @@ from typing import Any
 import psutil
 
 from zett_agent.process import ProcessPool, Sandbox
+from zett_agent.process._host._pool import engine_of
 
 WORKERS = 2
 BIG = 32 * 1024 * 1024
@@ -187,9 +188,9 @@ async def _ours(reuse: bool, n: int, quick: bool, containment: str = "auto") -> 
         res["throughput"] = count / (time.perf_counter() - t)
         # idle memory
         await asyncio.sleep(0.2)
-        assert pool._launcher is not None
+        assert engine_of(pool).launcher is not None
         res["uss"] = min(
-            psutil.Process(w.pid).memory_full_info().uss / 2**20 for w in pool._engine.idle
+            psutil.Process(w.pid).memory_full_info().uss / 2**20 for w in engine_of(pool).idle
         )
     return res
 

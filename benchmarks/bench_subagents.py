@@ -436,12 +436,14 @@ async def measure_message(variant: str, tasks: int, per_task: int) -> list[float
                     async with asyncio.timeout(HANG_GUARD):
                         await client.run("go")
                     times: list[float] = []
+                    # what task_message queues with (the extension keeps it name-mangled)
+                    mail = vars(extension)["_AsyncSubAgentExtension__mail"]
                     for task in extension.tasks("parent"):
                         await asyncio.wait_for(ann.queue("start").get(), HANG_GUARD)
                         await asyncio.wait_for(task.running.wait(), HANG_GUARD)
                         for i in range(per_task):
                             begin = time.perf_counter()
-                            record = extension._queue_message(task, f"message {i}", False)
+                            record = mail.queue(task, f"message {i}", False)
                             await asyncio.wait_for(record.received.wait(), HANG_GUARD)
                             times.append(time.perf_counter() - begin)
         finally:

@@ -34,6 +34,7 @@ from zett_agent.process import (
     WorkerCrashed,
 )
 from zett_agent.process._containment import _cgroup
+from zett_agent.process._host._pool import engine_of
 
 from . import _attacks, _jobs
 
@@ -197,7 +198,7 @@ async def test_a_stopped_launcher_neither_blocks_kills_nor_the_pool(
         assert await first_event(sibling) == "ready"
         victim = pool.submit(_jobs.ready_then_sleep)
         victim_pid = await first_event(victim)
-        launcher = pool._launcher
+        launcher = engine_of(pool).launcher
         assert launcher is not None
         stopper = pool.submit(_attacks.stop_the_launcher, str(record))
         assert await first_event(stopper) == "stopped it"
@@ -212,7 +213,9 @@ async def test_a_stopped_launcher_neither_blocks_kills_nor_the_pool(
         )
         # the stopped launcher is found out within a bound and replaced (0.25 s after something
         # was owed; the bound is a hang guard for a loaded machine)
-        await until(lambda: pool._launcher not in (launcher, None), 3 * BOUND, "a new launcher")
+        await until(
+            lambda: engine_of(pool).launcher not in (launcher, None), 3 * BOUND, "a new launcher"
+        )
         # a timeout fires on time, and new jobs run
         timed = pool.submit(_jobs.sleep, 30, limits=ProcessLimits(timeout=0.5))
         started = time.monotonic()
@@ -238,7 +241,7 @@ async def test_a_killed_launcher_is_replaced_and_its_trees_killed(
     async with ProcessPool(3, containment=containment, landlock_abi=5) as pool:  # as above
         sibling = pool.submit(_jobs.wait_for_go, path)
         assert await first_event(sibling) == "ready"
-        launcher = pool._launcher
+        launcher = engine_of(pool).launcher
         killer = pool.submit(_attacks.kill_the_launcher, str(record))
         error = await outcome(killer)
         assert isinstance(error, WorkerCrashed), error
@@ -254,7 +257,7 @@ async def test_a_killed_launcher_is_replaced_and_its_trees_killed(
         # later jobs run on a new launcher
         async with asyncio.timeout(GUARD):
             assert await pool.submit(_jobs.add, 2, 2) == 4
-        assert pool._launcher is not None and pool._launcher is not launcher
+        assert engine_of(pool).launcher is not None and engine_of(pool).launcher is not launcher
     reap_adopted()
 
 
@@ -360,7 +363,7 @@ async def test_a_pools_cgroups_are_removed_at_close_and_a_dead_hosts_by_the_next
 ) -> None:
     async with ProcessPool(1, containment="cgroup") as pool:
         assert await pool.submit(_jobs.add, 1, 1) == 2
-        containment = pool._containment
+        containment = engine_of(pool).containment
         assert containment is not None
         mine = containment.path  # type: ignore[attr-defined]
         assert Path(mine, "workers").is_dir()  # noqa: ASYNC240 - a cgroupfs stat
@@ -391,7 +394,7 @@ async def test_another_namespaces_pool_is_never_taken_for_stale(case: str) -> No
     launcher's cgroup holds a process, and while it is younger than ``STALE_AFTER`` (a pool
     between creating its cgroups and its launcher moving in)."""
     async with ProcessPool(1, containment="cgroup") as pool:
-        containment = pool._containment
+        containment = engine_of(pool).containment
         assert containment is not None
         base = os.path.dirname(containment.path)  # type: ignore[attr-defined]
     foreign = f"{base}/pool-{2**22 + 7}-1-1"  # above pid_max's default: visible to no one
@@ -429,10 +432,12 @@ async def test_a_launcher_stopped_while_nothing_is_owed_is_found_out(
     async with ProcessPool(2, containment="cgroup") as pool:
         job = pool.submit(_jobs.wait_for_go, path)
         assert await first_event(job) == "ready"
-        launcher = pool._launcher
+        launcher = engine_of(pool).launcher
         assert launcher is not None
         os.kill(launcher.pid, signal.SIGSTOP)
-        await until(lambda: pool._launcher not in (launcher, None), 3 * BOUND, "a new launcher")
+        await until(
+            lambda: engine_of(pool).launcher not in (launcher, None), 3 * BOUND, "a new launcher"
+        )
         error = await outcome(job)
         assert isinstance(error, WorkerCrashed) and "stopped" in str(error), error
         async with asyncio.timeout(GUARD):
@@ -490,13 +495,14 @@ sys.path[:0] = [sys.argv[3], sys.argv[4]]  # _attacks, and the support package i
 import cloudpickle, _attacks
 cloudpickle.register_pickle_by_value(_attacks)
 from zett_agent.process import ProcessPool
+from zett_agent.process._host._pool import engine_of
 
 async def main():
     async with ProcessPool(2, containment=sys.argv[1]) as pool:
         job = pool.submit(_attacks.growing_tree, sys.argv[2], 9, 2)
         async for _event in job.events():
             break
-        print(pool._launcher.pid, flush=True)
+        print(engine_of(pool).launcher.pid, flush=True)
         await job
 
 asyncio.run(main())
@@ -530,7 +536,7 @@ async def test_a_host_killed_while_a_tree_grows_leaves_nothing(
     if containment == "cgroup":
         # the dead host's cgroups are removed by the next pool that starts
         async with ProcessPool(1, containment="cgroup") as pool:
-            base = os.path.dirname(pool._containment.path)  # type: ignore[union-attr]
+            base = os.path.dirname(engine_of(pool).containment.path)  # type: ignore[union-attr]
             await until(
                 lambda: not [n for n in os.listdir(base) if n.startswith(f"pool-{host.pid}-")],
                 GUARD,

@@ -27,6 +27,7 @@ import pytest
 from support.jobs import GUARD
 from support.liveness import alive
 from zett_agent.process import JobFailed, ProcessPool, ProcessPoolExecutor, WorkerCrashed
+from zett_agent.process._host._pool import engine_of
 
 from . import _jobs
 
@@ -148,7 +149,7 @@ def test_the_context_manager_shuts_down_and_leaves_nothing(containment: str) -> 
         assert executor.submit(_jobs.add, 2, 3).result(GUARD) == 5
         pool = executor.pool
     assert not executor._thread.is_alive()
-    assert pool._engine.closed
+    assert engine_of(pool).closed
     with pytest.raises(RuntimeError):
         executor.submit(pow, 2, 2)
 

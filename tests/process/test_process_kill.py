@@ -20,6 +20,7 @@ from zett_agent.process import (
     ProcessPool,
     WorkerCrashed,
 )
+from zett_agent.process._host._pool import engine_of
 
 from . import _jobs
 
@@ -155,7 +156,7 @@ async def test_wait_gone_returns_once_what_a_job_left_is_dead(containment: str) 
     pool's confirmation (its worker buried), and returns at once for a job that never ran."""
     async with ProcessPool(1, containment=containment) as pool:
         info = pool.containment_info
-        assert info["launcher_pid"] == pool._launcher.pid  # type: ignore[union-attr]
+        assert info["launcher_pid"] == engine_of(pool).launcher.pid  # type: ignore[union-attr]
         assert ("cgroup" in info) is (containment == "cgroup"), info
         job = pool.submit(_jobs.leave_background_child)
         queued = pool.submit(_jobs.add, 1, 2)

@@ -22,6 +22,7 @@ from zett_agent.process import (
     ProcessLimits,
     ProcessPool,
 )
+from zett_agent.process._host._pool import engine_of
 
 from . import _jobs
 
@@ -247,21 +248,21 @@ async def test_a_spare_that_took_a_job_is_replaced() -> None:
     async with ProcessPool(4, spare_workers=2) as pool:
         async with asyncio.timeout(GUARD):
             assert await pool.submit(_jobs.add, 1, 2) == 3
-            while pool._engine.spawning:  # the replacement of the first job's worker
+            while engine_of(pool).spawning:  # the replacement of the first job's worker
                 await first_worker_message(pool)
-            assert len(pool._engine.idle) == 2
+            assert len(engine_of(pool).idle) == 2
             job = pool.submit(_jobs.ready_then_spin)
-            assert (len(pool._engine.idle), pool._engine.spawning) == (1, 0)
-            assert pool._engine.replace_timer is not None
+            assert (len(engine_of(pool).idle), engine_of(pool).spawning) == (1, 0)
+            assert engine_of(pool).replace_timer is not None
             await first_worker_message(pool)
-            assert len(pool._engine.idle) == 2
+            assert len(engine_of(pool).idle) == 2
             await job.cancel()
 
 
 async def first_worker_message(pool: ProcessPool) -> None:
     """Return once the launcher handed the pool a new worker."""
     arrived = asyncio.get_running_loop().create_future()
-    engine = pool._engine
+    engine = engine_of(pool)
     handle = engine.on_worker
 
     def spy(launcher: Any, message: dict[str, Any], fds: list[int]) -> None:
@@ -339,7 +340,7 @@ async def test_spares_run_an_event_loop_ahead_only_once_the_pool_ran_a_coroutine
     functions never ask for it; once a coroutine function was submitted, every spare started
     from then on does (``_worker._warm_up``)."""
     async with ProcessPool(1, spare_workers=1) as pool:
-        engine = pool._engine
+        engine = engine_of(pool)
         assert engine.supervisor is not None
         supervisor = engine.supervisor
         asked: list[dict[str, Any]] = []
@@ -376,7 +377,7 @@ async def test_a_worker_seen_dead_before_its_answer_was_read_is_buried_once_it_i
         await until(lambda: job.pid is not None, what="the job to run")
         pid = job.pid
         assert pid is not None
-        worker = pool._engine.workers[pid]
+        worker = engine_of(pool).workers[pid]
         await until(
             lambda: worker.exited_at is not None and worker.report is not None,
             what="the worker's exit and the launcher's report of it, its answer unread",
@@ -386,4 +387,4 @@ async def test_a_worker_seen_dead_before_its_answer_was_read_is_buried_once_it_i
         assert await job == 6
         async with asyncio.timeout(GUARD):
             await job.wait_gone()
-        assert pid not in pool._engine.workers
+        assert pid not in engine_of(pool).workers

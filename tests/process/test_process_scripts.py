@@ -19,6 +19,7 @@ import asyncio, json, os, subprocess, sys
 sys.path.insert(0, sys.argv[1])  # tests/, for the shared child behaviour
 from support.children import setsid_escapee
 from zett_agent.process import ProcessPool, emit
+from zett_agent.process._host._pool import engine_of
 
 def job():
     sleeper = subprocess.Popen(["sleep", "600"])
@@ -35,7 +36,7 @@ async def main():
         async for event in j.events():
             pids += event
             break
-    print(json.dumps({"host": os.getpid(), "launcher": pool._launcher.pid, "pids": pids}),
+    print(json.dumps({"host": os.getpid(), "launcher": engine_of(pool).launcher.pid, "pids": pids}),
           flush=True)
     await asyncio.sleep(600)
 

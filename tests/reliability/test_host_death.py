@@ -37,6 +37,7 @@ HOST = textwrap.dedent(
     from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
     from zett_agent.model import ModelEvent, ModelResponse, RetryOptions
     from zett_agent.process import ProcessPool
+    from zett_agent.process._host._pool import engine_of
     from zett_agent.tools import AgentTool
 
     MODE, BEACON, N, CONTAINMENT = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -90,7 +91,7 @@ HOST = textwrap.dedent(
 
         async def report():
             pids = [json.loads(await loop.sock_recv(sock, 1024)) for _ in range(N)]
-            print(json.dumps({"host": os.getpid(), "launcher": pool._launcher.pid,
+            print(json.dumps({"host": os.getpid(), "launcher": engine_of(pool).launcher.pid,
                               "children": pids, "containment": pool.containment}), flush=True)
             return "reported"
 

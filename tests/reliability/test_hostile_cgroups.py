@@ -24,6 +24,7 @@ import pytest
 from support.liveness import alive
 from zett_agent.process import JobCancelled, JobStatus, ProcessPool
 from zett_agent.process._containment._cgroup import JOB_MAX_DEPTH, JOB_MAX_DESCENDANTS, remove_tree
+from zett_agent.process._host._pool import engine_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only root may create cgroups here")
 
@@ -59,7 +60,7 @@ async def test_structure_a_job_builds_is_bounded_and_removed_off_the_loop(
     gets no further than the bound; cancel returns, close returns without an error, and the
     pool's cgroups are gone afterwards."""
     async with ProcessPool(1, containment=containment) as pool:
-        pool_cgroup = getattr(pool._containment, "path", None)
+        pool_cgroup = getattr(engine_of(pool).containment, "path", None)
         job = pool.submit(hostile.build_cgroups, shape, count, top)
         built = await first_event(job)
         if containment == "cgroup":

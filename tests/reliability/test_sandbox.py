@@ -32,6 +32,7 @@ from zett_agent.process import (
     Sandbox,
     SandboxUnavailable,
 )
+from zett_agent.process._host._pool import engine_of
 from zett_agent.process._sandbox._landlock import abi
 from zett_agent.process._sandbox._seccomp import available
 
@@ -62,7 +63,7 @@ def cgroup_procs(pool: ProcessPool) -> list[str]:
         for p in ("/sys/fs/cgroup/unified/cgroup.procs", "/sys/fs/cgroup/cgroup.procs")
         if os.path.exists(p)
     ]
-    containment = pool._containment
+    containment = engine_of(pool).containment
     if containment is not None and containment.mode == "cgroup":
         base = containment.path  # type: ignore[attr-defined]
         paths += [f"{base}/cgroup.procs", f"{base}/workers/cgroup.procs"]

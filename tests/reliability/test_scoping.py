@@ -16,6 +16,7 @@ import _confined_children as confined
 import pytest
 
 from zett_agent.process import ProcessPool
+from zett_agent.process._host._pool import engine_of
 from zett_agent.process._sandbox._landlock import abi
 
 GUARD = 30.0
@@ -33,13 +34,13 @@ async def test_a_job_cannot_reach_its_launcher_or_host_and_its_own_things_still_
         info = pool.containment_info
         assert info["mode"] == containment and info["scoped_workers"] is True, info
         assert info["landlock_abi"] == _ABI and "protected" in info["supervisors"], info
-        launcher = pool._launcher
+        launcher = engine_of(pool).launcher
         async with asyncio.timeout(GUARD):
             seen = await pool.submit(confined.attack_supervisors, os.getpid(), abstract_server)
         # the launcher lived through it: the pool keeps the same one and runs jobs on it
         async with asyncio.timeout(GUARD):
             assert await pool.submit(confined.signal_launcher_with_0) == "EPERM"
-        assert pool._launcher is launcher
+        assert engine_of(pool).launcher is launcher
     denied = {key: value for key, value in seen.items() if not key.startswith("own")}
     assert denied == {
         "stop launcher": "EPERM",

@@ -33,6 +33,7 @@ HOST = textwrap.dedent(
 
     from support.children import setsid_escapee
     from zett_agent.process import ProcessPool, emit
+    from zett_agent.process._host._pool import engine_of
 
     def stop_the_launcher_and_hide():
         grandchild = setsid_escapee()  # a daemon-like grandchild first, then the attack
@@ -51,8 +52,8 @@ HOST = textwrap.dedent(
             async for seen in job.events():
                 break
             # nothing is owed to the host now: no request, no exit report
-            print(json.dumps({"host": os.getpid(), "launcher": pool._launcher.pid, **seen}),
-                  flush=True)
+            launcher = engine_of(pool).launcher.pid
+            print(json.dumps({"host": os.getpid(), "launcher": launcher, **seen}), flush=True)
             await asyncio.Event().wait()
 
     asyncio.run(main())

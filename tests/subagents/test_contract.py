@@ -33,6 +33,8 @@ from support.scripts import run_python
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.events import InternalMessageEvent
+from zett_agent.extensions._async_subagent import task_registry
+from zett_agent.extensions._subagent import child_core
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -442,7 +444,7 @@ async def test_an_app_calling_start_directly_never_holds_more_than_max_retained(
             await extension.wait(task)
             kept = extension.tasks("app")
             assert len(kept) <= retained and all(t.done() for t in kept)
-        session = extension._registry.sessions["app"]
+        session = task_registry(extension).sessions["app"]
         assert len(session.due) <= retained + max(retained, 16)  # kept tasks + short notices
         await client.run("now announce")
     announced = notices(model.requests[-1])
@@ -537,7 +539,7 @@ async def test_an_extension_pickles_with_its_configuration_and_none_of_its_runti
         assert extension.runner.pool is not None  # type: ignore[attr-defined]
         del extension.lock  # the subclass's own unpicklable state is its business
         copy = cloudpickle.loads(cloudpickle.dumps(extension))
-    assert copy.tasks("parent") == () and copy._counter == 0
+    assert copy.tasks("parent") == () and child_core(copy).counter == 0
     assert (copy.max_concurrent, copy.limits, copy.tag) == (3, ProcessLimits(timeout=5), "red")
     assert isinstance(copy.runner, ProcessRunner) and copy.runner.pool is None
     assert copy.runner.max_children == 7 and copy.runner.owner == "Tagged"
@@ -637,6 +639,7 @@ UNCLOSED = textwrap.dedent(
     from zett_agent.client import create_agent
     from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
     from zett_agent.extensions.subagent import SubAgentDefinition
+    from zett_agent.runners._process import warming
     from zett_agent.testing import ScriptedModel
 
     class MyTasks(AsyncSubAgentExtension):
@@ -647,7 +650,7 @@ UNCLOSED = textwrap.dedent(
         client = await create_agent(ScriptedModel(["hi"]), config=AgentRunConfig(session_id="s"),
                                     extensions=[ext])
         await client.run("go")                     # boots the extension's pool
-        await ext.runner._warming
+        await warming(ext.runner)
         assert ext.runner.pool is not None
         # returns without close(): the pool is garbage once the loop is gone
 

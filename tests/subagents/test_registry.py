@@ -25,6 +25,7 @@ from support.parent import until_running
 from support.scripted_models import StepModel, ToolsThenAnswer
 from zett_agent.agent import Agent, AgentRunConfig
 from zett_agent.client import create_agent
+from zett_agent.extensions._async_subagent import task_registry
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -96,7 +97,7 @@ async def test_idle_sessions_beyond_max_sessions_are_forgotten_least_recently_us
         assert [t.task_id for t in extension.tasks("a")] == ["task-5"]
         with pytest.raises(ValueError, match="earlier task records were forgotten"):
             extension.get_task("a", "task-1")
-        assert len(extension._registry.sessions) == 2
+        assert len(task_registry(extension).sessions) == 2
 
 
 async def test_a_session_with_a_running_task_or_an_unread_notice_is_never_forgotten(
@@ -119,7 +120,7 @@ async def test_a_session_with_a_running_task_or_an_unread_notice_is_never_forgot
         reader = Agent(StepModel(FINISHED_AND_READ), extensions=[extension])
         for i in range(5):
             await reader.run("go", config=config(f"idle-{i}"))
-        assert [s for s in extension._registry.sessions] == ["busy", "unread", "idle-4"]
+        assert [s for s in task_registry(extension).sessions] == ["busy", "unread", "idle-4"]
         [busy] = extension.tasks("busy")
         assert busy.status is SubAgentTaskStatus.RUNNING
 
@@ -152,9 +153,9 @@ async def test_3000_sessions_each_with_a_read_report_keep_the_registry_bounded()
     async with extension, asyncio.timeout(600):
         for i in range(3000):
             await agent.run("go", config=config(f"s{i}"))
-        assert len(extension._registry.sessions) == 1000
-        assert len(extension._registry.idle) == 1000
-        assert len(extension._registry.forgotten) <= 1000
+        assert len(task_registry(extension).sessions) == 1000
+        assert len(task_registry(extension).idle) == 1000
+        assert len(task_registry(extension).forgotten) <= 1000
         assert extension.tasks("s1999") == () and len(extension.tasks("s2000")) == 1
         gc.collect()
         # what the registry still holds: 1,000 tasks and their 20 kB reports, not 3,000

@@ -31,8 +31,10 @@ from zett_agent.extensions.tool_guidelines import ToolGuidelinesExtension
 from zett_agent.messages import AssistantMessage
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.process import JobFailed, JobTimeout, LimitExceeded, ProcessError, WorkerCrashed
+from zett_agent.process._host._pool import engine_of
 from zett_agent.runners import ChildJob, ChildRunner, InProcessRunner, ProcessRunner
 from zett_agent.runners._preload import RUNTIME_MODULES
+from zett_agent.runners._process import warming
 from zett_agent.runners._report import failure_reason
 from zett_agent.tools import tool
 
@@ -97,8 +99,8 @@ async def test_the_launcher_preloads_them_except_those_excluded(
     runner = ProcessRunner(preload_exclude=["support.children"])
     async with AsyncSubAgentExtension([definition(model, tools=[WHOAMI])], runner=runner) as ext:
         await _one_request(ext)
-        assert runner._warming is not None
-        await runner._warming
+        assert warming(runner) is not None
+        await warming(runner)
         assert runner.pool is not None
         preload = runner.pool.preload
     assert preload[: len(RUNTIME_MODULES)] == RUNTIME_MODULES
@@ -117,8 +119,8 @@ async def test_a_module_that_fails_in_the_launcher_falls_back_to_no_automatic_pr
     async with AsyncSubAgentExtension([definition(Ghostly("x"))], runner=runner) as extension:
         with caplog.at_level(logging.WARNING, logger="zett_agent.runners._process"):
             await _one_request(extension)
-            assert runner._warming is not None
-            await runner._warming
+            assert warming(runner) is not None
+            await warming(runner)
         assert runner.pool is not None
         assert runner.pool.preload == RUNTIME_MODULES
     [record] = [r for r in caplog.records if "preloading" in r.getMessage()]
@@ -129,8 +131,8 @@ async def test_an_explicit_preload_replaces_the_automatic_one() -> None:
     runner = ProcessRunner(preload=["json"])
     async with AsyncSubAgentExtension([definition(ChildModel("x"))], runner=runner) as extension:
         await _one_request(extension)
-        assert runner._warming is not None
-        await runner._warming
+        assert warming(runner) is not None
+        await warming(runner)
         assert runner.pool is not None
         assert runner.pool.preload == (*RUNTIME_MODULES, "json")
 
@@ -208,7 +210,7 @@ async def test_a_child_lost_with_its_launcher_says_so(tmp_path: Path) -> None:
                 await client.run("go")
                 await asyncio.get_running_loop().sock_recv(beacons, 64)  # the child runs
                 pool = extension.runner.pool  # type: ignore[attr-defined]
-                os.kill(pool._launcher.pid, signal.SIGKILL)
+                os.kill(engine_of(pool).launcher.pid, signal.SIGKILL)
                 [task] = extension.tasks("s")
                 await extension.wait(task)
                 # the extension goes on: the next task gets a process (a new pool, or a new

@@ -24,7 +24,7 @@ from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
 from zett_agent.extensions.subagent import SubAgentExtension
 from zett_agent.process import ProcessLimits
-from zett_agent.runners import InProcessRunner
+from zett_agent.runners import InProcessRunner, ProcessRunner
 from zett_agent.runners._span_relay import MAX_DEPTH
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need the otel extra")
@@ -247,13 +247,23 @@ class _Recorded:
             yield event
 
 
-class _Spied(AsyncSubAgentExtension):
-    seen: list[Any]
-    specs: list[Any]
+class _SpyRunner:
+    """A ``ProcessRunner`` whose specs and child events the test sees."""
 
-    async def _submit(self, spec: Any, definition: Any) -> Any:
+    def __init__(self) -> None:
+        self.inner = ProcessRunner()
+        self.seen: list[Any] = []
+        self.specs: list[Any] = []
+
+    def warm_up(self, modules: Any = ()) -> None:
+        self.inner.warm_up(modules)
+
+    async def submit(self, spec: Any, **options: Any) -> Any:
         self.specs.append(spec)
-        return _Recorded(await super()._submit(spec, definition), self.seen)
+        return _Recorded(await self.inner.submit(spec, **options), self.seen)
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 async def test_without_a_provider_nothing_is_traced_nor_sent() -> None:
@@ -263,12 +273,12 @@ async def test_without_a_provider_nothing_is_traced_nor_sent() -> None:
 
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     child = ChildModel(answer="{last}", tools=[("traceparent", {})])
-    async with _Spied([worker(child, tools=(TRACEPARENT,))]) as extension:
-        extension.seen, extension.specs = [], []
-        content, _ = await run_parent(extension, one_task_reported())
+    spy = _SpyRunner()
+    async with AsyncSubAgentExtension([worker(child, tools=(TRACEPARENT,))], runner=spy) as ext:
+        content, _ = await run_parent(ext, one_task_reported())
     assert content == "none"
-    assert [spec.trace for spec in extension.specs] == [None]
-    kinds = [event.get("kind") for event in extension.seen]
+    assert [spec.trace for spec in spy.specs] == [None]
+    kinds = [event.get("kind") for event in spy.seen]
     assert not [k for k in kinds if str(k).startswith("span")], kinds
     assert "started" in kinds and "turn_finished" in kinds
 
@@ -303,12 +313,12 @@ async def test_a_sampled_out_child_records_nothing_and_still_carries_the_trace()
 
     child = ChildModel(answer="{last}", tools=[("traceparent", {})])
     with exported_spans(ALWAYS_OFF) as exporter:
-        async with _Spied([worker(child, tools=(TRACEPARENT,))]) as extension:
-            extension.seen, extension.specs = [], []
-            content, _ = await run_parent(extension, one_task_reported())
+        spy = _SpyRunner()
+        async with AsyncSubAgentExtension([worker(child, tools=(TRACEPARENT,))], runner=spy) as e:
+            content, _ = await run_parent(e, one_task_reported())
         assert exporter.get_finished_spans() == ()
-    [spec] = extension.specs
+    [spec] = spy.specs
     assert spec.trace["record"] is False
     assert content == spec.trace["traceparent"]
     assert not int(content.rsplit("-", 1)[1], 16) & 1  # the sampled flag is off
-    assert not [e for e in extension.seen if str(e.get("kind")).startswith("span")]
+    assert not [e for e in spy.seen if str(e.get("kind")).startswith("span")]

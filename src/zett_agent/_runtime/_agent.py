@@ -28,7 +28,7 @@ from zett_agent._runtime._errors import (
     MaxTurnsExceeded,
     ModelStreamError,
 )
-from zett_agent._runtime._extension import Extension, agent_closed, request_ended, request_started
+from zett_agent._runtime._extension import Extension, request_ended, request_started
 from zett_agent._runtime._hooks import Hooks
 from zett_agent._runtime._model_call import ModelCall
 from zett_agent._runtime._tool_batch import ToolBatch
@@ -301,7 +301,7 @@ class Agent:
         sessions = frozenset(self._sessions)
         for ext in self._hooks.extensions:
             try:
-                await agent_closed(ext, self, sessions)
+                await ext.on_agent_closed(self, sessions)
             except Exception:
                 logger.exception("%s could not release the sessions of a closed agent", ext.name)
 

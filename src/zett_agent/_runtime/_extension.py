@@ -19,7 +19,6 @@ __all__ = [
     "Extension",
     "ModelCallNext",
     "ToolCallNext",
-    "agent_closed",
     "closing_stream",
     "request_ended",
     "request_started",
@@ -58,18 +57,6 @@ def request_ended(extensions: Iterable[Extension]) -> None:
             _PENDING[id(ext)] = count
 
 
-async def agent_closed(extension: Extension, agent: Agent, session_ids: frozenset[str]) -> None:
-    """Tell ``extension`` that ``agent`` closed after running ``session_ids``.
-
-    What ``Agent.close()`` calls on each of its extensions: the private hook
-    ``Extension._agent_closed``, which subclasses override.
-
-    Raises:
-        Exception: whatever the hook raised (the agent logs it).
-    """
-    await extension._agent_closed(agent, session_ids)
-
-
 @asynccontextmanager
 async def closing_stream(stream: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
     """Like ``contextlib.aclosing`` for any async iterator: ``aclose()`` it on exit if it can.
@@ -106,12 +93,12 @@ class Extension:
         Override with a class attribute or assign an instance name to register independently
         configured instances of the same extension type.
         """
-        assigned = self.__dict__.get("_extension_name")
+        assigned: str | None = self.__dict__.get("_Extension__name")
         return assigned if assigned is not None else type(self).__name__
 
     @name.setter
     def name(self, value: str) -> None:
-        self.__dict__["_extension_name"] = value
+        self.__name = value  # name-mangled: a subclass's own attributes never meet it
 
     @property
     def pending(self) -> bool:
@@ -124,8 +111,8 @@ class Extension:
         """
         return _PENDING.get(id(self), 0) > 0
 
-    async def _agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
-        """Private: ``agent`` was closed; it ran requests of ``session_ids``.
+    async def on_agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
+        """``agent`` was closed; it ran requests of ``session_ids``.
 
         ``Agent.close()`` calls it on each of its extensions once its background requests
         ended, so an extension can release what it keeps for those sessions (an extension may

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import check_int, check_seconds, described
 from zett_agent.extensions._definition import SubAgentDefinition
-from zett_agent.extensions._subagent import ChildAgentExtension
+from zett_agent.extensions._subagent import ChildAgentExtension, child_core
 from zett_agent.extensions._tasks._store import TaskStore
 from zett_agent.extensions._tasks._task import (
     SubAgentTask,
@@ -200,62 +201,74 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         self.extra_tools: tuple[str, ...] = extras
         self.stall_seconds: float | None = None if stall_seconds is None else float(stall_seconds)
         self.session_token_budget = session_token_budget
+        self.__init_tasks()
         if store is not None:
             # restores the tasks it holds: finished ones as they were, running ones as lost
             # (failed), notices owed as owed
-            counter = self._registry.open_store(
-                store, notify=self.notify_parent, render=self._notices.render_notice
+            counter = self.__registry.open_store(
+                store, notify=self.notify_parent, render=self.__notices.render_notice
             )
-            self._counter = max(self._counter, counter)
+            core = child_core(self)
+            core.counter = max(core.counter, counter)
 
-    def _init_runtime(self) -> None:
-        super()._init_runtime()
+    def __getstate__(self) -> dict[str, Any]:
+        # the tasks of this process stay here: a copy (a child's) starts with none
+        prefix = "_AsyncSubAgentExtension__"
+        return {k: v for k, v in super().__getstate__().items() if not k.startswith(prefix)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__init_tasks()
+
+    def __init_tasks(self) -> None:
+        # name-mangled, as the base's: a subclass's own attributes never meet these
+        core = child_core(self)
         #: every session's task records, and the store that keeps them (if any)
-        self._registry = TaskRegistry(self)
+        self.__registry = TaskRegistry(self)
         #: background work close() waits for: budget stops, hooks, message pumps
-        self._chores = Chores()
-        self._guard = TaskGuard(self, self._registry, self._chores)
-        self._mail = TaskMail(self, self._registry, self._chores)
-        self._notices = TaskNotices(self, self._registry)
-        self._watcher = TaskWatch(self, self._registry, self._guard, self._notices)
-        self._starter = TaskStarter(
-            self._registry,
-            self._guard,
-            self._watcher,
-            number=self._next_number,
-            launch=self._launch,
-            closing=lambda: self._closing,
+        self.__chores = Chores()
+        self.__guard = TaskGuard(self, self.__registry, self.__chores)
+        self.__mail = TaskMail(self, self.__registry, self.__chores)
+        self.__notices = TaskNotices(self, self.__registry)
+        self.__watcher = TaskWatch(self, self.__registry, self.__guard, self.__notices)
+        self.__starter = TaskStarter(
+            self.__registry,
+            self.__guard,
+            self.__watcher,
+            number=core.next_number,
+            launch=functools.partial(core.launch, self),
+            closing=lambda: self.__closing,
         )
-        self._closing = False
-        self._close_task: asyncio.Task[None] | None = None
+        self.__closing = False
+        self.__close_task: asyncio.Task[None] | None = None
 
     @property
     def store(self) -> TaskStore | None:
         """The ``TaskStore`` the registry is kept in (``None``: memory only)."""
-        return self._registry.store
+        return self.__registry.store
 
     # ----------------------------------------------------------------- hooks
 
     async def on_tool(self, context: AgentRunContext) -> None:
         """Register the task tools for this request (and boot the process pool if needed)."""
-        self._registry.use(context.session_id, context.agent)
-        self._warm_up(context.model)
+        self.__registry.use(context.session_id, context.agent)
+        child_core(self).warm_up(self, context.model)
         for tool in self.build_tools(context, self.subagents):
             context.register_tool(tool)
 
     async def on_state(self, context: AgentRunContext) -> None:
         """Announce tasks that finished (or stalled) while no request was active."""
-        await self._notices.announce(context)
+        await self.__notices.announce(context)
 
     async def before_model(self, context: AgentRunContext, request: ModelRequest) -> None:
         """Announce tasks that finished (or stalled) since the previous model call."""
-        await self._notices.announce(context)
+        await self.__notices.announce(context)
 
     # -------------------------------------------------------------- registry
 
     def tasks(self, session_id: str) -> tuple[SubAgentTask, ...]:
         """Return the tasks one session started, oldest first (none once it was forgotten)."""
-        session = self._registry.use(session_id)
+        session = self.__registry.use(session_id)
         return tuple(session.tasks.values()) if session else ()
 
     def get_task(self, session_id: str, task_id: str) -> SubAgentTask:
@@ -266,15 +279,15 @@ class AsyncSubAgentExtension(ChildAgentExtension):
                 says so when the task was forgotten: because of ``max_retained``, or with its
                 whole session, idle beyond ``max_sessions`` or released when its agent closed).
         """
-        return self._registry.find(session_id, task_id)
+        return self.__registry.find(session_id, task_id)
 
-    async def _agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
+    async def on_agent_closed(self, agent: Agent, session_ids: frozenset[str]) -> None:
         """Release the sessions ``agent`` ran that no other open agent uses.
 
         Cancel their running tasks (killing each child's tree), wait for them to settle, forget
         them.
         """
-        await self._registry.release(agent, session_ids, self.cancel)
+        await self.__registry.release(agent, session_ids, self.cancel)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -302,7 +315,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
         With a ``store``, the task is written before this returns.
         """
-        if self._closing:
+        if self.__closing:
             raise RuntimeError("AsyncSubAgentExtension is closed; no new tasks can start")
         if getattr(context.agent, "closed", False):
             raise RuntimeError(
@@ -311,7 +324,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             )
         if not prompt.strip():
             raise ValueError("prompt is empty; give the task the full instructions to work on")
-        task = await self._starter.start(context, definition, description, prompt)
+        task = await self.__starter.start(context, definition, description, prompt)
         await observe(self.task_started, task)
         return task
 
@@ -379,7 +392,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Cancellation: cancelling the caller cancels neither the task nor the message, which
         is still delivered.
         """
-        record = self._mail.queue(task, text, interrupt)
+        record = self.__mail.queue(task, text, interrupt)
         await record.settled.wait()
         if record.state is not MessageState.DELIVERED:
             raise ValueError(
@@ -408,21 +421,21 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         open), and writes out the store (closing it if it was given as a path). Nothing the
         extension started outlives this call. Idempotent.
         """
-        if self._close_task is None:
-            self._closing = True
-            self._close_task = asyncio.get_running_loop().create_task(self._close())
+        if self.__close_task is None:
+            self.__closing = True
+            self.__close_task = asyncio.get_running_loop().create_task(self.__close())
         # every caller returns once everything is closed; a cancelled caller leaves the close
         # running in the background
-        await asyncio.shield(self._close_task)
+        await asyncio.shield(self.__close_task)
 
-    async def _close(self) -> None:
+    async def __close(self) -> None:
         # a start in flight sees ``_closing`` once its runner answered and cancels its child
-        await self._registry.stop_all(self.cancel)
-        await self._chores.settle()
+        await self.__registry.stop_all(self.cancel)
+        await self.__chores.settle()
         try:
-            await self._runner.close()
+            await self.runner.close()
         finally:
-            await self._registry.close_store()
+            await self.__registry.close_store()
 
     async def __aenter__(self) -> AsyncSubAgentExtension:
         return self
@@ -440,14 +453,14 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Override to drop a tool, add one, or replace one, calling ``super().build_tools(...)``
         for the rest. The five come first, then the ``extra_tools`` in the order given.
         """
-        return task_tools(self, self._tool_access(), context, subagents)
+        return task_tools(self, self.__tool_access(), context, subagents)
 
-    def _tool_access(self) -> TaskAccess:
+    def __tool_access(self) -> TaskAccess:
         """What the task tools may do beyond the public methods (``_task_tools.TaskAccess``)."""
         return TaskAccess(
-            known_ids=self._registry.known_ids,
-            mark_read=self._notices.mark_read,
-            queue_message=self._mail.queue,
+            known_ids=self.__registry.known_ids,
+            mark_read=self.__notices.mark_read,
+            queue_message=self.__mail.queue,
         )
 
     def task_info(self, task: SubAgentTask, *, include_output: bool = False) -> SubAgentTaskInfo:
@@ -465,8 +478,8 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         """
         if task.job is not None and not task.done():
             task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None
-            self._guard.record_usage(task)
-        return describe(task, include_output, attention=self._guard.needs_attention(task))
+            self.__guard.record_usage(task)
+        return describe(task, include_output, attention=self.__guard.needs_attention(task))
 
     def completion_notice(self, task: SubAgentTask) -> str | None:
         """Return the message that tells the parent a task finished; ``None`` stays silent.
@@ -503,3 +516,12 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         Its errors are logged, never raised into the task. Publish an ``InternalMessageEvent``
         here to wake an idle parent instead of waiting for its next request.
         """
+
+
+def task_registry(extension: AsyncSubAgentExtension) -> TaskRegistry:
+    """The registry of ``extension``'s tasks (for the package's own modules and its tests).
+
+    The extension keeps it name-mangled, so a subclass's attributes never collide with it.
+    """
+    registry: TaskRegistry = vars(extension)["_AsyncSubAgentExtension__registry"]
+    return registry

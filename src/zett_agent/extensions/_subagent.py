@@ -29,12 +29,6 @@ if TYPE_CHECKING:
     from zett_agent.agent import Agent, AgentRunContext
     from zett_agent.runners._span_relay import ChildTrace
 
-# Attributes that live only where the extension runs; never pickled (see __getstate__).
-_RUNTIME_ONLY = (
-    "_counter", "_closing", "_close_task", "_modules", "_registry", "_chores",
-    "_guard", "_mail", "_notices", "_watcher", "_starter",
-)  # fmt: skip
-
 
 class ChildAgentExtension(Extension):
     """Shared base: holds the definitions and the runner, and builds child agents.
@@ -130,26 +124,27 @@ class ChildAgentExtension(Extension):
         self.limits = limits
         #: the sandbox of the children whose definition sets none
         self.sandbox = sandbox
-        self._runner: ChildRunner = runner
-        self._init_runtime()
-
-    def _init_runtime(self) -> None:
-        self._counter = 0  # numbers the children this extension started
-        self._modules: dict[type, tuple[str, ...]] = {}
+        # name-mangled, here and in the subclasses: a subclass's own attributes never meet
+        # the extension's internals (the runner is configuration and travels when the
+        # extension is pickled; the core is this process's runtime and does not)
+        self.__runner: ChildRunner = runner
+        self.__core = ChildCore(runner)
 
     @property
     def runner(self) -> ChildRunner:
         """Where this extension's children run (``ProcessRunner`` unless ``runner=`` said)."""
-        return self._runner
+        return self.__runner
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ONLY}
+        state = dict(self.__dict__)
+        state.pop("_ChildAgentExtension__core", None)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._init_runtime()
-        if isinstance(self._runner, ProcessRunner):
-            self._runner.owner = type(self).__name__
+        self.__core = ChildCore(self.__runner)
+        if isinstance(self.__runner, ProcessRunner):
+            self.__runner.owner = type(self).__name__
 
     def definition(self, subagent_type: str) -> SubAgentDefinition:
         """Return the profile named ``subagent_type``; ``ValueError`` lists the valid names."""
@@ -189,57 +184,46 @@ class ChildAgentExtension(Extension):
         """
         return {}
 
-    def _factory(self) -> type[ChildAgentExtension] | None:
-        cls = type(self)
-        return cls if cls._create_child is not ChildAgentExtension._create_child else None
+    async def close(self) -> None:
+        """Close the runner (a shared ``ProcessPool`` is left open). Idempotent."""
+        await self.__runner.close()
 
-    def _child_spec(
-        self,
-        parent_model: Model,
-        definition: SubAgentDefinition,
-        *,
-        session_id: str,
-        prompt: str,
-    ) -> ChildSpec:
-        if isinstance(parent_model, ProgressModel):  # a child starting children of its own
-            parent_model = parent_model.inner
-        model = definition.model if definition.model is not None else parent_model
-        factory = self._factory()
-        state: Mapping[str, Any] = {}
-        if factory is not None:
-            state = dict(self.child_state())
-            bad = [key for key in state if not isinstance(key, str) or not key.isidentifier()]
-            if bad:
-                raise TypeError(
-                    f"child_state() must map attribute names to values; bad keys: {bad!r}"
-                )
-        return ChildSpec(definition, model, session_id, prompt, factory, state, build=build_child)
 
-    def _warm_up(self, parent_model: Model) -> None:
+class ChildCore:
+    """What a subagent extension keeps in the process it runs in, to start children.
+
+    The runner it submits to, how many children it numbered, and the modules its children
+    import per parent model type (told to the runner ahead). The extension holds it
+    name-mangled (``child_core`` reads it); methods take the extension, whose public options
+    (``subagents``, ``limits``, ``sandbox``, ``child_state()``) they read as they are now.
+    """
+
+    def __init__(self, runner: ChildRunner) -> None:
+        self.runner = runner
+        #: numbers the children this extension started
+        self.counter = 0
+        self.modules: dict[type, tuple[str, ...]] = {}
+
+    def next_number(self) -> int:
+        """The number of the next child this extension starts (1, 2, ...)."""
+        self.counter += 1
+        return self.counter
+
+    def warm_up(self, extension: ChildAgentExtension, parent_model: Model | None) -> None:
         """Tell the runner what the coming children import (computed once per model type)."""
         if isinstance(parent_model, ProgressModel):
             parent_model = parent_model.inner
         key = type(parent_model)
-        modules = self._modules.get(key)
+        modules = self.modules.get(key)
         if modules is None:
-            modules = self._modules[key] = child_modules(
-                self.subagents, parent_model, self._factory()
+            modules = self.modules[key] = child_modules(
+                extension.subagents, parent_model, factory_of(extension)
             )
-        self._runner.warm_up(modules)
+        self.runner.warm_up(modules)
 
-    def _limits(self, definition: SubAgentDefinition) -> ProcessLimits | None:
-        return definition.limits or self.limits
-
-    def _sandbox(self, definition: SubAgentDefinition) -> Sandbox | None:
-        return definition.sandbox or self.sandbox
-
-    def _next_number(self) -> int:
-        """The number of the next child this extension starts (1, 2, ...)."""
-        self._counter += 1
-        return self._counter
-
-    async def _launch(
+    async def launch(
         self,
+        extension: ChildAgentExtension,
         parent_model: Model,
         definition: SubAgentDefinition,
         *,
@@ -249,33 +233,63 @@ class ChildAgentExtension(Extension):
     ) -> ChildJob:
         """Start one child on the runner: its spec (carrying ``trace`` when tracing), submitted.
 
-        Raises what ``_child_spec`` and the runner's ``submit`` raise (``TypeError`` for a
-        definition that cannot be shipped, naming the part).
+        Hands the child to the runner with its limits and, when it has one, its sandbox (a
+        runner written before sandboxes takes the rest unchanged). Raises what ``child_spec``
+        and the runner's ``submit`` raise (``TypeError`` for a definition that cannot be
+        shipped, naming the part).
         """
-        self._warm_up(parent_model)
-        spec = self._child_spec(parent_model, definition, session_id=session_id, prompt=prompt)
+        self.warm_up(extension, parent_model)
+        spec = child_spec(extension, parent_model, definition, session_id=session_id, prompt=prompt)
         if trace is not None:
             spec = trace.ship(spec)
-        return await self._submit(spec, definition)
-
-    async def _submit(self, spec: ChildSpec, definition: SubAgentDefinition) -> ChildJob:
-        """Hand one child to the runner.
-
-        Hand one child to the runner with its limits and, when it has one, its sandbox
-        (a runner written before sandboxes takes the rest unchanged).
-        """
-        sandbox = self._sandbox(definition)
-        limits = self._limits(definition)
+        sandbox = definition.sandbox or extension.sandbox
+        limits = definition.limits or extension.limits
         if sandbox is None:
-            return await self._runner.submit(spec, limits=limits)
-        return await self._runner.submit(spec, limits=limits, sandbox=sandbox)
+            return await self.runner.submit(spec, limits=limits)
+        return await self.runner.submit(spec, limits=limits, sandbox=sandbox)
 
-    def _profiles_text(self) -> str:
-        return "; ".join(f"{d.name}: {d.description}" for d in self.subagents)
 
-    async def close(self) -> None:
-        """Close the runner (a shared ``ProcessPool`` is left open). Idempotent."""
-        await self._runner.close()
+def child_core(extension: ChildAgentExtension) -> ChildCore:
+    """The ``ChildCore`` of ``extension`` (for the subagent extensions' own modules)."""
+    core: ChildCore = vars(extension)["_ChildAgentExtension__core"]
+    return core
+
+
+def factory_of(extension: ChildAgentExtension) -> type[ChildAgentExtension] | None:
+    """The extension's class when it overrides ``_create_child`` (shipped to build the child)."""
+    cls = type(extension)
+    return cls if cls._create_child is not ChildAgentExtension._create_child else None
+
+
+def child_spec(
+    extension: ChildAgentExtension,
+    parent_model: Model,
+    definition: SubAgentDefinition,
+    *,
+    session_id: str,
+    prompt: str,
+) -> ChildSpec:
+    """The ``ChildSpec`` of one child of ``extension``.
+
+    Its model (the definition's, or the parent's own one: never a progress wrapper), and the
+    class and ``child_state()`` of an extension that overrides ``_create_child``.
+    """
+    if isinstance(parent_model, ProgressModel):  # a child starting children of its own
+        parent_model = parent_model.inner
+    model = definition.model if definition.model is not None else parent_model
+    factory = factory_of(extension)
+    state: Mapping[str, Any] = {}
+    if factory is not None:
+        state = dict(extension.child_state())
+        bad = [key for key in state if not isinstance(key, str) or not key.isidentifier()]
+        if bad:
+            raise TypeError(f"child_state() must map attribute names to values; bad keys: {bad!r}")
+    return ChildSpec(definition, model, session_id, prompt, factory, state, build=build_child)
+
+
+def profiles_text(subagents: Sequence[SubAgentDefinition]) -> str:
+    """The profiles for a tool's description: ``name: description; ...``."""
+    return "; ".join(f"{d.name}: {d.description}" for d in subagents)
 
 
 class SubAgentExtension(ChildAgentExtension):
@@ -294,7 +308,7 @@ class SubAgentExtension(ChildAgentExtension):
     tool_name = "subagent"
 
     async def on_tool(self, context: AgentRunContext) -> None:
-        self._warm_up(context.model)
+        child_core(self).warm_up(self, context.model)
         context.register_tool(self.build_tool(context))
 
     def build_tool(self, context: AgentRunContext) -> AgentTool:
@@ -307,7 +321,7 @@ class SubAgentExtension(ChildAgentExtension):
             name=self.tool_name,
             description=(
                 "Run a subagent in its own process and wait for its report. Profiles: "
-                + self._profiles_text()
+                + profiles_text(self.subagents)
             ),
             parameters=_START_SCHEMA,
             handler=subagent,
@@ -330,13 +344,14 @@ class SubAgentExtension(ChildAgentExtension):
         definition = self.definition(subagent_type)
         if not prompt.strip():
             raise ValueError("prompt is empty; give the subagent the full task to work on")
-        session_id = f"{context.session_id}/subagent-{self._next_number()}"
+        core = child_core(self)
+        session_id = f"{context.session_id}/subagent-{core.next_number()}"
         trace = open_child_trace(
             definition, session_id.rsplit("/", 1)[-1], session_id, description, context.model
         )
         try:
-            job = await self._launch(
-                context.model, definition, session_id=session_id, prompt=prompt, trace=trace
+            job = await core.launch(
+                self, context.model, definition, session_id=session_id, prompt=prompt, trace=trace
             )
         except BaseException as exc:
             if trace is not None:
@@ -358,7 +373,7 @@ class SubAgentExtension(ChildAgentExtension):
 
     async def close(self) -> None:
         """Close the runner (a shared ``ProcessPool`` is left open). Idempotent."""
-        await self._runner.close()
+        await self.runner.close()
 
     async def __aenter__(self) -> SubAgentExtension:
         return self
@@ -441,4 +456,4 @@ def warm_up(extension: ChildAgentExtension, parent_model: Model | None) -> None:
     ``parent_model`` is the model of the agent the extension serves, or ``None`` where there
     is none (the MCP server): then only what the definitions' own models import counts.
     """
-    extension._warm_up(parent_model)  # type: ignore[arg-type]  # None: no parent model
+    child_core(extension).warm_up(extension, parent_model)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from zett_agent.process import ProcessJob, ProcessLimits, Sandbox
     from zett_agent.runners._broker._parent import Broker
 
-__all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner"]
+__all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner", "warming"]
 
 #: what a brokered child imports beyond the runtime (preloaded with ``broker=True``)
 _BROKER_MODULES = ("zett_agent.runners._broker._standin", "zett_agent.process._child._inbox")
@@ -262,24 +262,24 @@ class ProcessRunner:
         self.nice = 0 if nice is None else check_int("ProcessRunner(nice=...)", nice, 0, 19)
         check_flag("ProcessRunner(broker=...)", broker)
         self.broker = broker
-        self._shared = pool
-        self._init_runtime()
+        self.__shared = pool
+        self.__init_runtime()
 
-    def _init_runtime(self) -> None:
+    def __init_runtime(self) -> None:
         #: the brokers of brokered children still serving (close() waits for them)
-        self._brokers: set[Broker] = set()
-        self._own: ProcessPool | None = None
-        self._closing_pool: ProcessPool | None = None
-        self._wanted: dict[str, None] = {}
-        self._lock: asyncio.Lock | None = None
-        self._warming: asyncio.Task[None] | None = None
-        self._closed = False
+        self.__brokers: set[Broker] = set()
+        self.__own: ProcessPool | None = None
+        self.__closing_pool: ProcessPool | None = None
+        self.__wanted: dict[str, None] = {}
+        self.__lock: asyncio.Lock | None = None
+        self.__warming: asyncio.Task[None] | None = None
+        self.__closed = False
         #: named in the warning for an unclosed pool; the extension sets it to its own name
         self.owner = "ProcessRunner"
 
     def __repr__(self) -> str:
-        pool = self._shared or self._own
-        state = "closed" if self._closed else "started" if pool is not None else "new"
+        pool = self.__shared or self.__own
+        state = "closed" if self.__closed else "started" if pool is not None else "new"
         return f"<ProcessRunner {state} max_children={self.max_children}>"
 
     # A runner travels inside a definition when a child starts children of its own: only its
@@ -298,30 +298,30 @@ class ProcessRunner:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("broker", False)
         self.__dict__.update(state)
-        self._shared = None
-        self._init_runtime()
+        self.__shared = None
+        self.__init_runtime()
 
     @property
     def pool(self) -> ProcessPool | None:
         """The pool children run in, once there is one (the shared pool, or the own one)."""
-        return self._shared or self._own
+        return self.__shared or self.__own
 
     # -- ChildRunner ------------------------------------------------------------------------
 
     def warm_up(self, modules: Iterable[str] = ()) -> None:
         """Start the pool in the background, preloading ``modules`` (see ``preload``)."""
-        if self._closed:
+        if self.__closed:
             return
-        if self._own is None and self._warming is None:
+        if self.__own is None and self.__warming is None:
             for name in modules:
-                if name not in self._wanted and not excluded(name, self.preload_exclude):
-                    self._wanted[name] = None
-        if self._warming is None and (self._shared is not None or self._own is None):
-            self._warming = asyncio.get_running_loop().create_task(self._warm())
+                if name not in self.__wanted and not excluded(name, self.preload_exclude):
+                    self.__wanted[name] = None
+        if self.__warming is None and (self.__shared is not None or self.__own is None):
+            self.__warming = asyncio.get_running_loop().create_task(self.__warm())
 
-    async def _warm(self) -> None:
+    async def __warm(self) -> None:
         try:
-            await self._pool()
+            await self.__pool()
         except Exception:
             # The first real submit starts the pool again and reports the error to its caller.
             log.debug("warming up the process pool failed", exc_info=True)
@@ -351,7 +351,7 @@ class ProcessRunner:
         for a sandbox this host cannot give (see ``ProcessPool.submit``), and ``RuntimeError``
         once closed.
         """
-        pool = await self._pool()
+        pool = await self.__pool()
         target: Any = run_child
         argument: Any = spec
         models: list[Any] = []
@@ -368,10 +368,10 @@ class ProcessRunner:
             try:
                 job = pool.submit(target, argument, limits=limits, sandbox=sandbox)
             except PoolClosed:
-                if self._shared is not None or self._closed:
+                if self.__shared is not None or self.__closed:
                     raise
                 # our own pool lost its launcher (killed from outside): start a new one
-                pool = await self._replace(pool)
+                pool = await self.__replace(pool)
                 job = pool.submit(target, argument, limits=limits, sandbox=sandbox)
         except TypeError as exc:
             part = unpicklable_part(spec) or str(exc)
@@ -382,15 +382,15 @@ class ProcessRunner:
                 "the child, inside the tool or the model), or define the class in an "
                 "importable module"
             ) from exc
-        broker = self._serve(job, models) if models else None
+        broker = self.__serve(job, models) if models else None
         return ProcessChildJob(job, pool, self.kill_grace, broker)
 
-    def _serve(self, job: ProcessJob, models: list[Any]) -> Broker:
+    def __serve(self, job: ProcessJob, models: list[Any]) -> Broker:
         """A broker for ``job``'s calls; kept until its last call ended after the job did."""
         from zett_agent.runners._broker._parent import Broker
 
-        broker = Broker(job, models, on_idle=self._brokers.discard)
-        self._brokers.add(broker)
+        broker = Broker(job, models, on_idle=self.__brokers.discard)
+        self.__brokers.add(broker)
         set_event_filter(job, broker.accept)
         job.add_done_callback(broker.close)  # every open call is cancelled: its request closes
         return broker
@@ -402,18 +402,18 @@ class ProcessRunner:
         pool stays open), and wait until every provider request made for a brokered child is
         closed. Idempotent. A pool still starting is waited for, then closed.
         """
-        self._closed = True
-        if self._warming is not None:
-            await asyncio.gather(self._warming, return_exceptions=True)
-        if self._lock is not None:
-            async with self._lock:
+        self.__closed = True
+        if self.__warming is not None:
+            await asyncio.gather(self.__warming, return_exceptions=True)
+        if self.__lock is not None:
+            async with self.__lock:
                 pass  # a start in progress has finished (or failed) once the lock is free
-        if self._own is not None:
-            self._closing_pool, self._own = self._own, None
-        if self._closing_pool is not None:
+        if self.__own is not None:
+            self.__closing_pool, self.__own = self.__own, None
+        if self.__closing_pool is not None:
             # every caller returns once it is closed (a pool's close is shared by its callers)
-            await self._closing_pool.close()
-        for broker in list(self._brokers):
+            await self.__closing_pool.close()
+        for broker in list(self.__brokers):
             broker.close()
             await broker.wait_closed()
 
@@ -425,39 +425,39 @@ class ProcessRunner:
 
     # -- the pool ---------------------------------------------------------------------------
 
-    async def _pool(self) -> ProcessPool:
-        if self._closed:
+    async def __pool(self) -> ProcessPool:
+        if self.__closed:
             raise RuntimeError("this extension is closed; create a new one to start tasks")
-        if self._shared is not None:
-            await self._shared.start()  # no-op once started; the application still closes it
-            return self._shared
-        if self._own is None:
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            async with self._lock:
-                if self._closed:
+        if self.__shared is not None:
+            await self.__shared.start()  # no-op once started; the application still closes it
+            return self.__shared
+        if self.__own is None:
+            if self.__lock is None:
+                self.__lock = asyncio.Lock()
+            async with self.__lock:
+                if self.__closed:
                     raise RuntimeError("this extension is closed; create a new one to start tasks")
-                if self._own is None:
-                    self._own = await self._start_own()
-        return self._own
+                if self.__own is None:
+                    self.__own = await self.__start_own()
+        return self.__own
 
-    async def _replace(self, broken: ProcessPool) -> ProcessPool:
-        assert self._lock is not None
-        async with self._lock:
-            if self._own is broken:
+    async def __replace(self, broken: ProcessPool) -> ProcessPool:
+        assert self.__lock is not None
+        async with self.__lock:
+            if self.__own is broken:
                 log.warning("%s: the process pool's launcher died; starting a new pool", self.owner)
-                self._own = None
+                self.__own = None
                 await broken.close()
-                self._own = await self._start_own()
-        return await self._pool()
+                self.__own = await self.__start_own()
+        return await self.__pool()
 
-    async def _start_own(self) -> ProcessPool:
-        chosen = list(self._wanted) if self.preload is None else list(self.preload)
+    async def __start_own(self) -> ProcessPool:
+        chosen = list(self.__wanted) if self.preload is None else list(self.preload)
         extra = [name for name in chosen if name not in RUNTIME_MODULES]
         if self.broker:
             extra += [name for name in _BROKER_MODULES if name not in extra]
         try:
-            return await self._new_pool((*RUNTIME_MODULES, *extra))
+            return await self.__new_pool((*RUNTIME_MODULES, *extra))
         except ProcessError as exc:
             if not extra or self.preload is not None:
                 raise
@@ -468,9 +468,9 @@ class ProcessRunner:
                 self.owner,
                 exc,
             )
-            return await self._new_pool(RUNTIME_MODULES)
+            return await self.__new_pool(RUNTIME_MODULES)
 
-    async def _new_pool(self, preload: Sequence[str]) -> ProcessPool:
+    async def __new_pool(self, preload: Sequence[str]) -> ProcessPool:
         pool = _ExtensionPool(
             max_workers=self.max_children,
             spare_workers=min(self.spare_processes, self.max_children),
@@ -488,3 +488,13 @@ if TYPE_CHECKING:  # both satisfy the runner interface
 
     def _check(runner: ProcessRunner, job: ProcessChildJob) -> tuple[ChildRunner, ChildJob]:
         return runner, job
+
+
+def warming(runner: ProcessRunner) -> asyncio.Task[None] | None:
+    """The task starting ``runner``'s pool in the background (``warm_up``), if one was started.
+
+    For the runners' own modules and tests: the runner keeps it name-mangled, so a subclass's
+    attributes never collide with it.
+    """
+    task: asyncio.Task[None] | None = vars(runner)["_ProcessRunner__warming"]
+    return task

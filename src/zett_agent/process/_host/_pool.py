@@ -43,7 +43,6 @@ from .._sandbox import _options as _sandbox
 from .._sandbox import _policy
 from .._sandbox._options import Sandbox, check_sandbox
 from .._wire._protocol import HEADER
-from ._control import LauncherHandle
 from ._dispatch import _NO_LIMITS, PoolOptions
 from ._engine import PoolEngine
 from ._executor import PoolExecutor
@@ -53,9 +52,9 @@ from ._pickling import pickle_job
 from ._supervisor import LauncherSupervisor
 
 if TYPE_CHECKING:
-    from .._containment._strategy import Containment
+    pass
 
-__all__ = ["ProcessPool"]
+__all__ = ["ProcessPool", "engine_of"]
 
 _CONTAINMENTS = ("auto", "cgroup", "scan")
 #: the Landlock ABI cap sent to workers when the pool pretends nothing (any kernel's is lower)
@@ -141,8 +140,8 @@ class ProcessPool:
         seccomp: bool = True,
     ) -> None:
         # set first: __del__ must work on a pool whose constructor failed
-        self._started = False
-        self._close_task: asyncio.Task[None] | None = None
+        self.__started = False
+        self.__close_task: asyncio.Task[None] | None = None
         if max_workers is None:
             max_workers = os.cpu_count() or 1
         self.max_workers = _count("max_workers", max_workers, 1)
@@ -156,14 +155,14 @@ class ProcessPool:
         self.kill_grace = check_seconds("ProcessPool(kill_grace=...)", kill_grace, high=3600)
         self.preload = check_names("ProcessPool(preload=...)", preload, "module names")
         self.nice = _count("nice", nice, 0, 19)
-        self._mode = check_choice("ProcessPool(containment=...)", containment, _CONTAINMENTS)
+        self.__mode = check_choice("ProcessPool(containment=...)", containment, _CONTAINMENTS)
         self.scope_workers = check_flag("ProcessPool(scope_workers=...)", scope_workers)
         check_flag("ProcessPool(seccomp=...)", seccomp)
         self.landlock_abi = (
             None if landlock_abi is None else _count("landlock_abi", landlock_abi, 0, _ANY_ABI)
         )
         self.seccomp = seccomp
-        self._engine = PoolEngine(
+        self.__engine = PoolEngine(
             PoolOptions(
                 max_workers=self.max_workers,
                 spare_workers=self.spare_workers,
@@ -174,12 +173,12 @@ class ProcessPool:
                 kill_grace=self.kill_grace,
             )
         )
-        self._job_counter = 0
+        self.__job_counter = 0
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if not self._started or self._close_task is not None:
+        if not self.__started or self.__close_task is not None:
             return
-        engine = self._engine
+        engine = self.__engine
         supervisor = engine.supervisor
         if supervisor is None:
             return
@@ -198,8 +197,8 @@ class ProcessPool:
                     worker.channel.sock.close()
 
     def __repr__(self) -> str:
-        engine = self._engine
-        state = "closed" if engine.closed else "running" if self._started else "new"
+        engine = self.__engine
+        state = "closed" if engine.closed else "running" if self.__started else "new"
         return (
             f"<ProcessPool {state} containment={self.containment} max_workers={self.max_workers}"
             f" busy={len(engine.busy)} queued={len(engine.queue)} idle={len(engine.idle)}>"
@@ -208,27 +207,18 @@ class ProcessPool:
     @property
     def running(self) -> int:
         """Jobs running now (each in its own worker process); at most ``max_workers``."""
-        return len(self._engine.busy)
+        return len(self.__engine.busy)
 
     @property
     def queued(self) -> int:
         """Jobs submitted and waiting for a worker because ``max_workers`` are running."""
-        return len(self._engine.queue)
-
-    @property
-    def _launcher(self) -> LauncherHandle | None:
-        """The current launcher (tests look at it)."""
-        return self._engine.launcher
-
-    @property
-    def _containment(self) -> Containment | None:
-        """The containment, once started (tests look at it)."""
-        return self._engine.containment
+        return len(self.__engine.queue)
 
     @property
     def containment(self) -> str:
         """``"cgroup"`` or ``"scan"`` once started; before that, the mode asked for."""
-        return self._containment.mode if self._containment is not None else self._mode
+        containment = self.__engine.containment
+        return containment.mode if containment is not None else self.__mode
 
     @property
     def containment_info(self) -> dict[str, Any]:
@@ -248,7 +238,7 @@ class ProcessPool:
           every worker tree: what a supervisor outside this process kills when this process
           cannot (the Ray runner's reaper does).
         """
-        return self._engine.describe(self.containment)
+        return self.__engine.describe(self.containment)
 
     @property
     def tree_limits(self) -> frozenset[str]:
@@ -258,7 +248,8 @@ class ProcessPool:
         ``tree_memory_bytes``): those whose cgroup controller is enabled. Empty before start
         and under scan containment.
         """
-        return self._containment.tree_limits if self._containment is not None else frozenset()
+        containment = self.__engine.containment
+        return containment.tree_limits if containment is not None else frozenset()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -283,17 +274,17 @@ class ProcessPool:
         several ms when the CPUs are busy. It cannot move to a helper thread: the launcher's
         parent-death signal fires when the thread that spawned it ends.
         """
-        engine = self._engine
+        engine = self.__engine
         if engine.closed:
             raise PoolClosed("start() after close(); create a new ProcessPool")
-        if self._started:
+        if self.__started:
             return
         problem = linux_problem()
         if problem is not None:
             raise ProcessError(problem)
         loop = asyncio.get_running_loop()
         try:
-            containment = _choice.create(self._mode)
+            containment = _choice.create(self.__mode)
             containment.open(loop, engine.janitor)
         except OSError as exc:
             raise ProcessError(f"cannot contain worker processes: {exc}") from exc
@@ -312,7 +303,7 @@ class ProcessPool:
             before_start=containment.launcher_starting,
         )
         engine.attach(loop, containment, supervisor)
-        self._started = True
+        self.__started = True
         _raise_fd_limit(2 * self.max_workers + 2 * self.spare_workers + 64)
         try:
             await supervisor.start()
@@ -331,14 +322,14 @@ class ProcessPool:
         Cancellation: the shutdown continues in the background; a later ``close()`` waits
         for it.
         """
-        if self._close_task is None:
-            engine = self._engine
-            if not self._started:
+        if self.__close_task is None:
+            engine = self.__engine
+            if not self.__started:
                 engine.closed = True
                 return
             assert engine.loop is not None
-            self._close_task = engine.loop.create_task(engine.shutdown())
-        await asyncio.shield(self._close_task)
+            self.__close_task = engine.loop.create_task(engine.shutdown())
+        await asyncio.shield(self.__close_task)
 
     def executor(self) -> PoolExecutor:
         """A ``concurrent.futures.Executor`` over this started pool (``PoolExecutor``).
@@ -349,10 +340,10 @@ class ProcessPool:
 
         Raises ``RuntimeError`` before ``start()`` and ``PoolClosed`` after ``close()``.
         """
-        loop = self._engine.loop
-        if self._engine.closed:
+        loop = self.__engine.loop
+        if self.__engine.closed:
             raise PoolClosed("executor() after close(); create a new ProcessPool")
-        if not self._started or loop is None:
+        if not self.__started or loop is None:
             raise RuntimeError("ProcessPool.executor() before start(); start the pool first")
         return PoolExecutor(self, loop)
 
@@ -410,13 +401,13 @@ class ProcessPool:
                 "minimal plus Sandbox.env, and its working directory is its scratch directory; "
                 "pass the variables as Sandbox(env={...})"
             )
-        engine = self._engine
+        engine = self.__engine
         loop, containment = engine.loop, engine.containment
         if engine.closed or engine.broken is not None:
             raise PoolClosed(
                 engine.broken or "submit() after close(); create a new ProcessPool for new jobs"
             )
-        if not self._started or loop is None or containment is None:
+        if not self.__started or loop is None or containment is None:
             raise RuntimeError(
                 "ProcessPool.submit() before start(); use 'async with ProcessPool() as pool:' "
                 "or 'await pool.start()' first"
@@ -440,16 +431,16 @@ class ProcessPool:
             engine.coroutines = True
         scratch = None
         if sandbox is not None:
-            scratch, header = self._sandbox_header(sandbox)
+            scratch, header = self.__sandbox_header(sandbox)
             payload = b"".join((HEADER.pack(len(header)), header, payload))
-        self._job_counter += 1
+        self.__job_counter += 1
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         core = JobCore(
             engine,
             loop,
             payload,
             limits,
-            f"#{self._job_counter} {name}",
+            f"#{self.__job_counter} {name}",
             self.max_buffered_events,
             sandbox,
         )
@@ -459,7 +450,7 @@ class ProcessPool:
         engine.dispatch(replace_now=False)
         return ProcessJob(core)
 
-    def _sandbox_header(self, sandbox: Sandbox) -> tuple[str, bytes]:
+    def __sandbox_header(self, sandbox: Sandbox) -> tuple[str, bytes]:
         """The job's scratch directory and the policy its worker enforces (as JSON)."""
         account = _sandbox.resolve_account(sandbox.user)
         shared = _policy.shared_part(
@@ -468,7 +459,7 @@ class ProcessPool:
             landlock_abi=_ANY_ABI if self.landlock_abi is None else self.landlock_abi,
             seccomp=self.seccomp,
         )
-        scratch = self._engine.job_scratch(shared)
+        scratch = self.__engine.job_scratch(shared)
         return scratch, _policy.policy(sandbox, scratch, shared)
 
 
@@ -485,3 +476,13 @@ def _raise_fd_limit(needed: int) -> None:
     if target > soft:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def engine_of(pool: ProcessPool) -> PoolEngine:
+    """The engine of ``pool``: its workers, jobs, launcher and containment.
+
+    For the engine's own modules and its tests. The pool keeps it name-mangled
+    (``ProcessPool.__engine``), so a subclass's attributes never collide with it.
+    """
+    engine: PoolEngine = vars(pool)["_ProcessPool__engine"]
+    return engine
