@@ -86,6 +86,7 @@ from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage
 from zett_agent.model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent.process import ProcessPool, Sandbox
+from zett_agent.runners._process import warming as runner_warming
 from zett_agent.tools import AgentTool, ToolResult
 
 HANG_GUARD = 120.0  # seconds; a request of this benchmark that takes longer is a bug
@@ -875,7 +876,7 @@ async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[floa
                     # a request with no task boots the pool (with its preload) before the clock
                     await run_parent(extension, Timing(), [final()])
                     if isinstance(extension.runner, ProcessRunner):
-                        warming = extension.runner._warming
+                        warming = runner_warming(extension.runner)
                         if warming is not None:
                             await warming
                     gc_uss = uss_mib(os.getpid())
