@@ -55,9 +55,11 @@ from ._host._job import JobStatus, JobUsage, ProcessJob
 from ._host._pool import ProcessPool
 from ._host._process_executor import ProcessPoolExecutor
 from ._limits import ProcessLimits
+from ._sandbox._egress import Egress
 from ._sandbox._options import Sandbox, SandboxUnavailable, sandbox_support
 
 __all__ = [
+    "Egress",
     "JobCancelled",
     "JobFailed",
     "JobStatus",
