@@ -23,7 +23,8 @@ Bounded against the job: a request head of at most 16 KiB that must arrive withi
 ``HEAD_TIMEOUT`` seconds (a slow-loris is cut), at most ``max_connections`` open at once (the
 next is closed at once), ``max_bytes`` moved in all (a transfer under way is cut), and a connect
 deadline upstream. Nothing here blocks the loop: relaying is protocol callbacks with flow
-control, and the job's side is read only as fast as the upstream side takes it.
+control (a side is read only as fast as the other takes it), and all the connections of all the
+jobs on one loop share a budget of 1 ms of relaying per turn of the loop (``_Pacer``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import ipaddress
 import logging
 import socket
 import struct
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
@@ -52,6 +55,8 @@ CONNECT_TIMEOUT = 10.0
 MAX_HEAD = 16 * 1024
 #: a side's buffered writes beyond which the other side stops being read
 _HIGH_WATER = 256 * 1024
+#: what one read from an upstream host takes at most
+_READ_SIZE = 64 * 1024
 
 #: decisions a job's log keeps (the counts cover them all)
 MAX_KEPT = 256
@@ -91,6 +96,79 @@ class EgressLog:
                 listener(event)
             except Exception:
                 log.exception("an egress listener raised; ignored")
+
+
+class _Gate:
+    """Whether one side of a connection is read.
+
+    Paused while the other side's writes are backed up (``full``), or while this turn of the
+    loop spent its relay budget (``paced``); read again once neither holds.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.full = False
+        self.paced = False
+        self._reading = True
+
+    def update(self, *, full: bool | None = None, paced: bool | None = None) -> None:
+        if full is not None:
+            self.full = full
+        if paced is not None:
+            self.paced = paced
+        wanted = not (self.full or self.paced)
+        transport = self.transport
+        if wanted == self._reading or transport is None or transport.is_closing():
+            return
+        self._reading = wanted
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            if wanted:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+
+
+class _Pacer:
+    """The relay's share of one turn of the event loop: at most ``BUDGET`` seconds.
+
+    Every connection of every job's proxy on the loop shares it: once a turn spent it, the side
+    that was just read waits for the next turn (its reading resumes then), so however many jobs
+    transfer at once, the loop's other callbacks wait at most about a budget per turn.
+    """
+
+    BUDGET = 0.001
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.began: float | None = None
+        self.waiting: list[_Gate] = []
+
+    def spent(self, gate: _Gate) -> None:
+        """After relaying what ``gate``'s side gave: let it wait for the next turn if due."""
+        now = time.perf_counter()
+        if self.began is None:
+            self.began = now
+            self.loop.call_soon(self._turn)  # runs first in the next turn
+        elif now - self.began >= self.BUDGET:
+            gate.update(paced=True)
+            self.waiting.append(gate)
+
+    def _turn(self) -> None:
+        self.began = None
+        waiting, self.waiting = self.waiting, []
+        for gate in waiting:
+            gate.update(paced=False)
+
+
+_PACERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = weakref.WeakKeyDictionary()
+
+
+def _pacer() -> _Pacer:
+    loop = asyncio.get_running_loop()
+    pacer = _PACERS.get(loop)
+    if pacer is None:
+        pacer = _PACERS[loop] = _Pacer(loop)
+    return pacer
 
 
 class EgressProxy:
@@ -166,6 +244,9 @@ class _Client(asyncio.Protocol):
         self.count = 0
         self.timer: asyncio.TimerHandle | None = None
         self.forward = b""  # what goes upstream first (a plain HTTP request's rewritten head)
+        #: whether the job's side is read, and the upstream side
+        self.gate = _Gate()
+        self.pacer = _pacer()
         self.socks = False
         self.greeted = False  # a SOCKS5 client was told 'no authentication'
 
@@ -182,6 +263,7 @@ class _Client(asyncio.Protocol):
             self.stage = "done"
             return
         transport.set_write_buffer_limits(_HIGH_WATER)
+        self.gate.transport = transport
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(HEAD_TIMEOUT, self._too_slow)
 
@@ -209,11 +291,11 @@ class _Client(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.upstream is not None:
-            self.upstream.pause_reading()
+            self.upstream.gate.update(full=True)
 
     def resume_writing(self) -> None:
         if self.upstream is not None:
-            self.upstream.resume_reading()
+            self.upstream.gate.update(full=False)
 
     # -- parsing the request ------------------------------------------------------------------
 
@@ -475,13 +557,22 @@ class _Client(asyncio.Protocol):
             self.upstream.write(data if allowed == len(data) else data[:allowed])
         if allowed < len(data):
             self._cut()
+        else:
+            self.pacer.spent(self.gate)
 
-    def relay_down(self, data: bytes) -> None:
+    def relay_down(self, data: memoryview) -> bool:
+        """Write ``data`` to the job; whether its transport kept it (queued, not copied)."""
         allowed = self._count(len(data))
-        if self.transport is not None and allowed:
-            self.transport.write(data if allowed == len(data) else data[:allowed])
+        kept = False
+        transport = self.transport
+        if transport is not None and allowed:
+            transport.write(data if allowed == len(data) else data[:allowed])
+            kept = transport.get_write_buffer_size() > 0
         if allowed < len(data):
             self._cut()
+        elif self.upstream is not None:
+            self.pacer.spent(self.upstream.gate)
+        return kept
 
     def _count(self, size: int) -> int:
         allowed = self.proxy.moved(size)
@@ -531,19 +622,31 @@ class _Client(asyncio.Protocol):
         self.stage = "done"
 
 
-class _Upstream(asyncio.Protocol):
-    """The proxy's connection to the host a job's request was allowed to reach."""
+class _Upstream(asyncio.BufferedProtocol):
+    """The proxy's connection to the host a job's request was allowed to reach.
+
+    Read into a buffer of its own (no object per read: downloads are what a proxy mostly
+    carries); a buffer the job's transport kept (a write it could not finish at once: uvloop
+    keeps the object rather than a copy) is given up and a new one made.
+    """
 
     def __init__(self, client: _Client) -> None:
         self.client = client
         self.transport: asyncio.Transport | None = None
+        self.gate = _Gate()
+        self._view = memoryview(bytearray(_READ_SIZE))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(_HIGH_WATER)
+        self.gate.transport = transport
 
-    def data_received(self, data: bytes) -> None:
-        self.client.relay_down(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.client.relay_down(self._view[:nbytes]):
+            self._view = memoryview(bytearray(_READ_SIZE))  # the old one is the job's now
 
     def eof_received(self) -> bool | None:
         return None  # closes this side; connection_lost ends the job's side once it drained
@@ -552,13 +655,10 @@ class _Upstream(asyncio.Protocol):
         self.client.upstream_lost()
 
     def pause_writing(self) -> None:
-        if self.client.transport is not None:
-            self.client.transport.pause_reading()
+        self.client.gate.update(full=True)
 
     def resume_writing(self) -> None:
-        if self.client.transport is not None:
-            with contextlib.suppress(RuntimeError):
-                self.client.transport.resume_reading()
+        self.client.gate.update(full=False)
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -568,16 +668,6 @@ class _Upstream(asyncio.Protocol):
         if self.transport is not None and self.transport.can_write_eof():
             with contextlib.suppress(OSError, RuntimeError):
                 self.transport.write_eof()
-
-    def pause_reading(self) -> None:
-        if self.transport is not None:
-            with contextlib.suppress(RuntimeError):
-                self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.transport is not None:
-            with contextlib.suppress(RuntimeError):
-                self.transport.resume_reading()
 
     def abort(self) -> None:
         if self.transport is not None:
