@@ -195,16 +195,18 @@ class McpClient:
     async def leave(self, *, keep_tasks: bool) -> None:
         """The client went away: no child starts for it any more.
 
-        With ``keep_tasks`` (HTTP), its MCP tasks run on until their lifetime ends (then
-        their children are killed, and the session is released once none is left); every
-        other child of its session, which nobody can read any more, is killed now. Without,
-        the caller closes the extension, which kills them all.
+        With ``keep_tasks`` (HTTP), the children of its running MCP tasks run on until each
+        task's lifetime ends (then they are killed); every other child of its session, which
+        nobody can read any more, is killed now, and its finished tasks are forgotten. Once no
+        task is left, its extension session is released. Without ``keep_tasks``, the caller
+        closes the extension, which kills them all.
         """
         self._context.agent.closed = True
         self._notify = None
         if not keep_tasks:
             await self.tasks.close()
             return
+        self.tasks.orphan()
         mcp_children = {task.child for task in self.tasks.tasks()}
         others = [
             child

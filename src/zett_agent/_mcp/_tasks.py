@@ -179,6 +179,8 @@ class McpTasks:
         #: notifications, progress forwarders and kills in flight (awaited by ``close``)
         self._chores: set[asyncio.Task[Any]] = set()
         self._closed = False
+        #: the client left: nobody can read a finished task any more, so none is kept
+        self._orphaned = False
         #: set whenever the table becomes empty (a client that left waits for it)
         self.empty = asyncio.Event()
         self.empty.set()
@@ -281,6 +283,15 @@ class McpTasks:
             await asyncio.shield(task.kill)
         return self.get(task_id)  # it may have expired meanwhile
 
+    def orphan(self) -> None:
+        """The client left: delete its finished tasks now, and each running one as it ends.
+
+        A running task's child still runs until its lifetime ends (then it is killed).
+        """
+        self._orphaned = True
+        for task_id in list(self._finished):
+            self._delete(self._tasks[task_id])
+
     async def close(self) -> None:
         """Stop the timers and the notifications; the children are the extension's to stop."""
         self._closed = True
@@ -303,6 +314,9 @@ class McpTasks:
             task.updated_at = time.time()
             self._announce(task)
         self._finished[task.task_id] = None
+        if self._orphaned:
+            self._delete(task)
+            return
         while len(self._finished) > self._max_retained:
             oldest, _ = self._finished.popitem(last=False)
             self._delete(self._tasks[oldest])
