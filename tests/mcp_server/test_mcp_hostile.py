@@ -4,14 +4,18 @@ server stays up and bounded."""
 from __future__ import annotations
 
 import json
+import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: uv sync --extra mcp")
 
-from _mcp_testing import RawServer, worker_arguments
+from _mcp_testing import HANG_GUARD, RawServer, fifos, reap, worker_arguments
+
+from support.liveness import alive
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,3 +110,31 @@ def test_a_thousand_tasks_get_a_second_are_all_answered_and_memory_stays_flat() 
         assert server.call("tasks/get", {"taskId": task_id})["result"]["status"] == "completed"  # type: ignore[index]
     finally:
         assert server.close() == 0
+
+
+def test_sigterm_over_stdio_kills_every_child_then_the_server_dies_of_it(tmp_path: Path) -> None:
+    """The client keeps stdin open and sends nothing: the signal alone ends the server."""
+    with fifos(tmp_path, "report") as [report]:
+        server = RawServer()
+        everything: list[int] = []
+        try:
+            server.initialize()
+            created = server.call(
+                "tools/call",
+                {
+                    "name": "worker",
+                    "arguments": worker_arguments("spin", report=report.path),
+                    "task": {},
+                },
+            )
+            assert created["result"]["task"]["status"] == "working"  # type: ignore[index]
+            child, grandchild = map(int, report.read_line().split())
+            process = psutil.Process(server.process.pid)
+            everything = [p.pid for p in process.children(recursive=True)]
+            assert {child, grandchild} <= set(everything)
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=HANG_GUARD) == -signal.SIGTERM
+            reap(everything)
+            assert not [pid for pid in everything if alive(pid)]
+        finally:
+            server.close()

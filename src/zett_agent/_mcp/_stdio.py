@@ -26,12 +26,13 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import signal
+import threading
 from collections.abc import AsyncIterator
 from typing import IO, TYPE_CHECKING, Any
 
 import anyio
-import anyio.to_thread
 from mcp import types
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
@@ -145,7 +146,7 @@ async def stdio_wire() -> AsyncIterator[
     writer = os.fdopen(out_fd, "wb", closefd=False)
     incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](0)
-    reading = anyio.CancelScope()
+    reading = anyio.CancelScope()  # a read waiting for its thread is abandoned
     written = anyio.Event()
 
     async def read() -> None:
@@ -165,7 +166,7 @@ async def stdio_wire() -> AsyncIterator[
             try:
                 yield incoming, outgoing
             finally:
-                reading.cancel()  # a read blocked in its thread is abandoned
+                reading.cancel()
                 await outgoing.aclose()
                 with anyio.move_on_after(WRITE_GRACE, shield=True):
                     await written.wait()  # the last answers leave
@@ -204,14 +205,50 @@ def _read_line(reader: IO[bytes]) -> bytes | _TooLong | None:
             return _TOO_LONG
 
 
+class _LinePump:
+    """stdin's lines, read by a daemon thread one at a time, ahead by one line at most.
+
+    A daemon thread, not a worker of the event loop's pool: a read blocked on a client that
+    keeps stdin open but sends nothing must never keep the process from exiting.
+    """
+
+    def __init__(self, reader: IO[bytes]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._lines: asyncio.Queue[bytes | _TooLong | None] = asyncio.Queue()
+        self._taken = threading.Semaphore(0)
+        self._reader = reader
+        threading.Thread(target=self._pump, name="zett-agent mcp stdin", daemon=True).start()
+
+    async def next(self) -> bytes | _TooLong | None:
+        """The next line (``None`` at end of file)."""
+        line = await self._lines.get()
+        self._taken.release()
+        return line
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                line = _read_line(self._reader)
+            except (OSError, ValueError):
+                line = None  # stdin broke: as if it ended
+            try:
+                self._loop.call_soon_threadsafe(self._lines.put_nowait, line)
+            except RuntimeError:
+                return  # the loop is closed: nobody reads any more
+            if line is None:
+                return
+            self._taken.acquire()  # the line was taken: read the next one
+
+
 async def _read(
     reader: IO[bytes],
     incoming: MemoryObjectSendStream[SessionMessage | Exception],
     outgoing: MemoryObjectSendStream[SessionMessage],
 ) -> None:
+    lines = _LinePump(reader)
     async with incoming, outgoing:
         while True:
-            line = await anyio.to_thread.run_sync(_read_line, reader, abandon_on_cancel=True)
+            line = await lines.next()
             if line is None:
                 return
             if isinstance(line, _TooLong):
@@ -266,19 +303,66 @@ async def _answer_bad_line(
 
 async def _write(writer: IO[bytes], outgoing: MemoryObjectReceiveStream[SessionMessage]) -> None:
     """Write every message until the senders are done; after a broken pipe, drop them."""
+    pump = _WritePump(writer)
     broken = False
-    async with outgoing:
-        async for message in outgoing:
-            if broken:
-                continue  # the client went away: nobody reads what is still answered
-            data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+    try:
+        async with outgoing:
+            async for message in outgoing:
+                if broken:
+                    continue  # the client went away: nobody reads what is still answered
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                try:
+                    await pump.write(data.encode())
+                except OSError:  # a broken pipe, a reset: the client's end is closed
+                    log.debug("the client went away", exc_info=True)
+                    broken = True
+    finally:
+        pump.close()
+
+
+class _WritePump:
+    """Writes to stdout in a daemon thread, one message at a time, each awaited.
+
+    A daemon thread, for the reason ``_LinePump`` is one: a write blocked on a client that
+    reads nothing must never keep the process from exiting.
+    """
+
+    def __init__(self, writer: IO[bytes]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._writer = writer
+        self._work: queue.SimpleQueue[tuple[bytes, asyncio.Future[None]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._pump, name="zett-agent mcp stdout", daemon=True).start()
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` whole; raises the ``OSError`` the write met."""
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._work.put((data, done))
+        await done
+
+    def close(self) -> None:
+        self._work.put(None)
+
+    def _pump(self) -> None:
+        while (item := self._work.get()) is not None:
+            data, done = item
+            error: OSError | None = None
             try:
-                await anyio.to_thread.run_sync(_send, writer, data.encode(), abandon_on_cancel=True)
-            except (BrokenPipeError, ConnectionResetError):
-                log.debug("the client went away", exc_info=True)
-                broken = True
+                self._writer.write(data)
+                self._writer.flush()
+            except OSError as exc:
+                error = exc
+            try:
+                self._loop.call_soon_threadsafe(_settle, done, error)
+            except RuntimeError:
+                return  # the loop is closed
 
 
-def _send(writer: IO[bytes], data: bytes) -> None:
-    writer.write(data)
-    writer.flush()
+def _settle(done: asyncio.Future[None], error: OSError | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
