@@ -142,6 +142,20 @@ def test_a_bad_token_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.stderr.startswith("zett-agent mcp: cannot read the token file")
 
 
+def test_a_port_in_use_is_one_line_and_exit_2() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(CHILDREN, "--http", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"zett-agent mcp: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+
+
 def test_importing_zett_agent_imports_no_mcp() -> None:
     code = (
         "import sys, zett_agent, zett_agent.cli, zett_agent.extensions.subagent, zett_agent._mcp;"
