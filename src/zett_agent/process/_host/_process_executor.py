@@ -90,9 +90,8 @@ class ProcessPoolExecutor(PoolExecutor):
         **pool_options: Any,
     ) -> None:
         results = check_choice("ProcessPoolExecutor(results=...)", results, RESULTS)  # type: ignore[assignment]
-        if max_workers is not None and not isinstance(max_workers, bool):
-            if isinstance(max_workers, int) and max_workers <= 0:
-                raise ValueError("max_workers must be greater than 0")
+        if type(max_workers) is int and max_workers <= 0:  # the standard library's words
+            raise ValueError("max_workers must be greater than 0")
         if mp_context is None:
             import multiprocessing
 
