@@ -43,7 +43,12 @@ class Janitor:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="zett-agent-janitor")
-        self._last = self._executor.submit(_quietly, fn, *args)
+        try:
+            self._last = self._executor.submit(_quietly, fn, *args)
+        except RuntimeError:
+            # the interpreter is exiting (a pool closed by an exit hook): no thread can start
+            # any more (Python 3.12 and newer refuse one), and a stall no longer matters
+            _quietly(fn, *args)
 
     @property
     def busy(self) -> bool:

@@ -94,7 +94,8 @@ class _Pending:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.futures: set[_JobFuture] = set()
+        #: in the order they were submitted (a dict: ordered, and removed from in O(1))
+        self.futures: dict[_JobFuture, None] = {}
 
     def snapshot(self) -> list[_JobFuture]:
         """The pending futures now."""
@@ -103,7 +104,15 @@ class _Pending:
 
 
 class Submits(Protocol):
-    """What an executor needs of its pool: ``submit`` (``ProcessPool`` is one)."""
+    """What an executor needs of its pool (``ProcessPool`` is one)."""
+
+    #: jobs running at once, at most
+    max_workers: int
+
+    @property
+    def running(self) -> int:
+        """Jobs running now."""
+        ...
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> ProcessJob:
         """Start ``fn(*args, **kwargs)`` as a job."""
@@ -172,7 +181,7 @@ class PoolExecutor(cf.Executor):
                 raise _broken_pool(self._broken)
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            pending.futures.add(future)
+            pending.futures[future] = None
         future.add_done_callback(self._forget)
         job = self._job(future, fn, args, kwargs)
         if job is None:
@@ -246,7 +255,7 @@ class PoolExecutor(cf.Executor):
     def _forget(self, future: cf.Future[Any]) -> None:  # a _JobFuture
         pending = self._pending
         with pending.lock:
-            pending.futures.discard(future)
+            pending.futures.pop(future, None)  # type: ignore[call-overload]
 
     def map(
         self,
@@ -355,8 +364,9 @@ class PoolExecutor(cf.Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accept no new jobs.
 
-        With ``cancel_futures``, cancel those not running yet; with ``wait``, return once every
-        future is done. The pool stays open.
+        With ``cancel_futures``, cancel those not running yet (but for the first ones in line
+        for a worker free now, as the standard library runs those of its call queue); with
+        ``wait``, return once every future is done. The pool stays open.
 
         Raises ``RuntimeError`` when asked to wait on the pool's own event loop thread while
         futures are pending (that thread runs the jobs: it would wait for ever); shut down
@@ -366,9 +376,17 @@ class PoolExecutor(cf.Executor):
             self._shutdown = True
             pending = list(self._pending.futures)
         if cancel_futures:
-            for future in pending:
-                if not future.running():
-                    future.cancel()
+            if self._on_loop_thread():
+                self._cancel_waiting(pending)
+            else:
+                try:
+                    # after the submissions queued on the loop: they reach the pool first
+                    done = asyncio.run_coroutine_threadsafe(self._cancel_later(pending), self._loop)
+                except RuntimeError:  # the loop is closed: the pool is gone, and every job
+                    pass
+                else:
+                    with contextlib.suppress(cf.CancelledError):
+                        done.result()
         if wait:
             left = [future for future in pending if not future.done()]
             if left and self._on_loop_thread():
@@ -378,6 +396,24 @@ class PoolExecutor(cf.Executor):
                     "shutdown(wait=False) and await the futures (asyncio.wrap_future)"
                 )
             cf.wait(left)
+
+    async def _cancel_later(self, pending: list[_JobFuture]) -> None:
+        self._cancel_waiting(pending)
+
+    def _cancel_waiting(self, pending: list[_JobFuture]) -> None:
+        """On the loop's thread: ``cancel_futures``, as the standard library means it.
+
+        The futures that have not started are cancelled, but for the first ones in line for
+        a worker free now (the standard library's call queue holds as many, and runs them).
+        """
+        free = max(0, self._pool.max_workers - self._pool.running)
+        for future in pending:
+            if future.done() or future.running():
+                continue
+            if free > 0:
+                free -= 1
+                continue
+            future.cancel()
 
     def _on_loop_thread(self) -> bool:
         try:
