@@ -5,7 +5,7 @@ itself, in ``submit``, and runs ``run`` in a worker with those bytes: ``run`` un
 runs the executor's initializer first in a worker that has not run it, sets the host's
 ``multiprocessing`` authkey when it was sent, and returns the call's result or exception
 pickled, as an opaque ``str`` inside an ordinary JSON result (its first two characters say what
-it is and how its bytes are written: see ``outcome``). Only ``PoolExecutor`` submits ``run``,
+it is and how its bytes are written, or ``"rn"`` for ``None``: see ``outcome``). Only ``PoolExecutor`` submits ``run``,
 and only it unpickles what ``run`` returned (``outcome``): what ``ProcessPool.submit`` and the
 agents' children send stays JSON that the host decodes and never unpickles. The payload counts
 against the job's budget (``max_buffered_bytes``) like any result.
@@ -38,6 +38,8 @@ _RESULT, _ERROR, _INIT_FAILED = "r", "e", "i"
 #: how its bytes are written (its second character): base64 (ASCII: a small outcome takes the
 #: wire's fastest path), or one Latin-1 character per byte (a large one: no third more)
 _BASE64, _LATIN1 = "b", "l"
+#: the outcome of a call that returned ``None``
+_NONE = "rn"
 #: outcomes up to this many bytes are written in base64
 _SMALL = 720
 
@@ -154,6 +156,8 @@ def run(call: bytes, init: tuple[int, bytes] | None, authkey: bytes | None) -> s
         result = _finish(fn(*args, **kwargs))
     except BaseException as exc:
         return _pickled_error(_ERROR, exc)
+    if result is None:
+        return _NONE  # the most common result, without a pickle
     try:
         data = _dumps(result)
     except BaseException as exc:
@@ -191,6 +195,8 @@ def outcome(payload: object) -> tuple[str, Any]:
     The host unpickles only payloads of the executor's own jobs: this is the trust the standard
     library's executor places in its workers (docs/threat-model.md).
     """
+    if payload == _NONE:
+        return "result", None
     if not isinstance(payload, str) or len(payload) < 2 or payload[0] not in "rei":
         raise TypeError(f"not an outcome of the executor's call: {payload!r:.60}")
     kind, how = payload[0], payload[1]
