@@ -5,10 +5,11 @@ itself, in ``submit``, and runs ``run`` in a worker with those bytes: ``run`` un
 runs the executor's initializer first in a worker that has not run it, sets the host's
 ``multiprocessing`` authkey when it was sent, and returns the call's result or exception
 pickled, as an opaque ``str`` inside an ordinary JSON result (its first two characters say what
-it is and how its bytes are written, or ``"rn"`` for ``None``: see ``outcome``). Only ``PoolExecutor`` submits ``run``,
-and only it unpickles what ``run`` returned (``outcome``): what ``ProcessPool.submit`` and the
-agents' children send stays JSON that the host decodes and never unpickles. The payload counts
-against the job's budget (``max_buffered_bytes``) like any result.
+it is and how its bytes are written; ``"rn"`` is ``None``: see ``outcome``). Only
+``PoolExecutor`` submits ``run``, and only it unpickles what ``run`` returned (``outcome``):
+what ``ProcessPool.submit`` and the agents' children send stays JSON that the host decodes and
+never unpickles. The payload counts against the job's budget (``max_buffered_bytes``) like any
+result.
 
 ``call_with_init`` is the same initializer for the strict mode (``results="json"``), whose
 results stay JSON data. The worker imports this module (the launcher does, ahead): it imports
