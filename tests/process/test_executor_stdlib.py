@@ -176,6 +176,20 @@ def test_a_failing_initializer_breaks_the_executor(containment: str) -> None:
             executor.submit(pow, 2, 2)
 
 
+def test_json_mode_runs_the_initializer_and_breaks_as_pickle_mode(containment: str) -> None:
+    with ProcessPoolExecutor(
+        1, initializer=jobs.init, initargs=("json",), results="json", containment=containment
+    ) as executor:
+        assert executor.submit(jobs.state).result(GUARD) == "json"
+    with ProcessPoolExecutor(
+        1, initializer=jobs.init_fail, results="json", containment=containment
+    ) as executor:
+        with pytest.raises(BrokenProcessPool):
+            executor.submit(pow, 2, 2).result(GUARD)
+        with pytest.raises(BrokenProcessPool):
+            executor.submit(pow, 2, 2)
+
+
 # -- multiprocessing in a job ---------------------------------------------------------------------
 
 

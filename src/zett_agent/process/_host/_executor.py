@@ -35,8 +35,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .._errors import JobCancelled
-from .._pickled_call import call_with_init, outcome, process_chunk, run
+from .._errors import JobCancelled, JobFailed
+from .._pickled_call import InitializerFailed, call_with_init, outcome, process_chunk, run
 from ._job_core import JobStatus
 from ._pickling import pickle_call
 
@@ -48,6 +48,8 @@ __all__ = ["RESULTS", "PoolExecutor", "Submits"]
 #: the executor's modes: the standard library's (pickled outcomes), or the engine's strict one
 RESULTS = ("pickle", "json")
 
+#: the type name a worker reports for ``InitializerFailed`` (json mode)
+_INIT_FAILED = f"{InitializerFailed.__module__}.{InitializerFailed.__qualname__}"
 #: longest wait of a ``cancel()`` called from another thread for the job's tree to be gone
 _CANCEL_WAIT = 30.0
 
@@ -295,6 +297,8 @@ class PoolExecutor(cf.Executor):
                     future.set_result(job.result())
             elif isinstance(error, JobCancelled):
                 future.cancel()
+            elif isinstance(error, JobFailed) and error.type_name == _INIT_FAILED:
+                self._break(error)  # json mode's initializer raised: as in pickle mode
             else:
                 future.set_exception(error)
         except cf.InvalidStateError:
