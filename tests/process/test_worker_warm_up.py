@@ -3,11 +3,21 @@ it then gets must find the process as a fresh one would be, asyncio included."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from zett_agent.process import ProcessError, ProcessPool
+from zett_agent.runners._process import warming
+
+HANG_GUARD = 60
 
 #: what a job can observe of asyncio before it ran a loop, printed as JSON
 PROBE = """
@@ -50,3 +60,133 @@ def test_a_job_after_the_warm_up_finds_asyncio_as_a_fresh_process_has_it(warm: b
         "get_event_loop": "open",
         "run": 42,
     }
+
+
+def test_a_job_after_a_rehearsal_finds_asyncio_as_a_fresh_process_has_it() -> None:
+    """The runner's rehearsal runs a whole child (its event loop included) in the spare."""
+    rehearsal = (
+        "import zett_agent.extensions._child_build\n"
+        "from zett_agent.runners._child import rehearse\n"
+        "from zett_agent.process._child import _worker\n"
+        "_worker.spare_warm_up = rehearse\n"
+        "_worker._warm_up(False, False)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", rehearsal + PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "policy_class": "_UnixDefaultEventLoopPolicy",
+        "get_event_loop": "open",
+        "run": 42,
+    }
+
+
+def test_the_rehearsal_runs_a_child_from_start_to_report() -> None:
+    """It must really run (a failing rehearsal is ignored in the spare, so it is checked
+    here): the default build, a model turn, a tool call, the report."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import zett_agent.extensions._child_build\n"
+            "from zett_agent.runners._child import rehearse\n"
+            "import threading\n"
+            "print(rehearse(), threading.active_count())\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["rehearsed", "1"]  # and it left no thread
+
+
+# -- ProcessPool(spare_warm_up=...) ---------------------------------------------------------------
+
+
+async def _next_pid(reader: int) -> int:
+    """The next pid a warm-up announced on the FIFO whose reading end is ``reader``."""
+    loop = asyncio.get_running_loop()
+    arrived = loop.create_future()
+    loop.add_reader(reader, lambda: arrived.done() or arrived.set_result(None))
+    try:
+        async with asyncio.timeout(HANG_GUARD):
+            await arrived
+    finally:
+        loop.remove_reader(reader)
+    return int(os.read(reader, 64).split()[0])
+
+
+@pytest.fixture
+def announcements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    fifo = tmp_path / "warm-ups"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("ZETT_TEST_WARM_UP_FIFO", str(fifo))
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        yield reader
+    finally:
+        os.close(reader)
+
+
+@pytest.mark.parametrize("name", ["announce", "announce_then_raise"])
+async def test_a_spare_runs_the_pools_warm_up_before_its_first_job(
+    announcements: int, name: str
+) -> None:
+    from support import warm_ups
+
+    async with ProcessPool(1, spare_workers=1, spare_warm_up=f"support.warm_ups:{name}") as pool:
+        spare = await _next_pid(announcements)
+        # the spare that warmed up runs the job, and what its warm-up did (even one that
+        # raised) is left as it was, asyncio included
+        assert await pool.submit(warm_ups.warmed_here) == [spare, True, 42]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (42, TypeError),
+        ("support.warm_ups", ValueError),
+        ("support.warm_ups:", ValueError),
+        ("support..warm_ups:announce", ValueError),
+        ("support.warm_ups:an-nounce", ValueError),
+    ],
+)
+def test_a_bad_spare_warm_up_is_refused_naming_the_form(value: object, error: type) -> None:
+    with pytest.raises(error, match="spare_warm_up"):
+        ProcessPool(spare_warm_up=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("support.no_such_module:announce", "No module named 'support.no_such_module'"),
+        ("support.warm_ups:missing", "has no attribute 'missing'"),
+        ("support.warm_ups:NOT_A_FUNCTION", "is not a function"),
+    ],
+)
+async def test_a_spare_warm_up_the_launcher_cannot_find_fails_the_start(
+    value: str, said: str
+) -> None:
+    pool = ProcessPool(spare_warm_up=value)
+    with pytest.raises(ProcessError, match=re.escape(said)):
+        await pool.start()
+    await pool.close()
+
+
+async def test_the_process_runner_pool_rehearses_a_child() -> None:
+    from zett_agent.runners import ProcessRunner
+
+    async with ProcessRunner() as runner:
+        runner.warm_up()
+        booting = warming(runner)
+        assert booting is not None
+        await booting
+        assert runner.pool is not None
+        assert runner.pool.spare_warm_up == "zett_agent.runners._child:rehearse"

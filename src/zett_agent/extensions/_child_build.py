@@ -12,9 +12,12 @@ Imported by every child (the module of every definition imports it): light.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from zett_agent._messages import AssistantMessage, ToolCall, ToolMessage
+from zett_agent._model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
+from zett_agent._tools import AgentTool
 from zett_agent.extensions._child_inbox import ChildInbox, attach
 from zett_agent.extensions._definition import StartsChildren, SubAgentDefinition
 from zett_agent.runners._child import ChildSpec, set_default_build
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
     from zett_agent._model import Model
     from zett_agent._runtime._agent import Agent
 
-__all__ = ["AgentChildRun", "build_child", "create_child", "default_agent"]
+__all__ = ["AgentChildRun", "build_child", "create_child", "default_agent", "rehearsal_spec"]
 
 
 class AgentChildRun:
@@ -94,4 +97,33 @@ def default_agent(definition: SubAgentDefinition, model: Model) -> Agent:
     )
 
 
-set_default_build(build_child)
+class _RehearsalModel:
+    """The rehearsal's model: one tool call, then the answer (see ``rehearsal_spec``)."""
+
+    retry: RetryOptions = RetryOptions(max_retries=0)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        if any(isinstance(message, ToolMessage) for message in request.messages):
+            reply = AssistantMessage(content="rehearsed")
+        else:
+            reply = AssistantMessage(tool_calls=(ToolCall("rehearsal", "rehearse", {}),))
+        yield ModelEvent.completed(ModelResponse(reply, Usage(1, 1)))
+
+
+def _rehearse() -> str:
+    return "ok"
+
+
+def rehearsal_spec() -> ChildSpec:
+    """What a spare worker rehearses (``zett_agent.runners._child.rehearse``).
+
+    A child whose stand-in model calls one tool and answers, built and run by this module's
+    build.
+    """
+    model = _RehearsalModel()
+    tool = AgentTool("rehearse", "Rehearse.", {"type": "object", "properties": {}}, _rehearse)
+    definition = SubAgentDefinition("rehearsal", "A spare's rehearsal.", "", model, [tool])
+    return ChildSpec(definition, model, "rehearsal/rehearsal", "rehearse", build=build_child)
+
+
+set_default_build(build_child, rehearsal_spec)

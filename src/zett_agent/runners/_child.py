@@ -32,6 +32,7 @@ __all__ = [
     "ChildRun",
     "ChildSpec",
     "ProgressModel",
+    "rehearse",
     "run_child",
     "run_pickled_child",
     "set_default_build",
@@ -84,9 +85,11 @@ class ChildBuild(Protocol):
 #: the build of a spec that names none (one made by hand: ``ChildSpec(definition, ...)``);
 #: named by the module that defines the definitions, see ``set_default_build``
 _default_build: list[ChildBuild] = []
+#: makes the spec ``rehearse`` runs, named with the default build
+_rehearsal: list[Callable[[], ChildSpec]] = []
 
 
-def set_default_build(build: ChildBuild) -> None:
+def set_default_build(build: ChildBuild, rehearsal: Callable[[], ChildSpec] | None = None) -> None:
     """Name the build a spec without ``build`` gets.
 
     Called once by ``zett_agent.extensions._child_build`` as it is imported (by the subagent
@@ -95,6 +98,30 @@ def set_default_build(build: ChildBuild) -> None:
     build by reference and the child imports the build's module as it unpickles the spec.
     """
     _default_build[:] = [build]
+    _rehearsal[:] = [] if rehearsal is None else [rehearsal]
+
+
+def rehearse() -> str | None:
+    """Run one child on a stand-in spec, start to report: a spare worker's warm-up.
+
+    The process runner's pool names it as its ``spare_warm_up``: a forked worker pays a
+    copy-on-write fault for each page the first run of a code path writes to (the agent's
+    build, its loop, a turn, a tool call), about 1.5 ms of a child's start; a spare pays them
+    while it waits. The spec (``set_default_build``'s ``rehearsal``) holds no model of the
+    user's and calls nothing outside the process; its events go nowhere. Returns the
+    report's text (``None`` when no build named a rehearsal).
+    """
+    if not _rehearsal:
+        return None
+    import asyncio
+
+    spec = _rehearsal[0]()
+    report = asyncio.run(run_child(spec, emit=_discard))
+    return str(report["content"])
+
+
+def _discard(event: Any) -> None:
+    return None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,13 @@ from zett_agent.process import JobStatus, PoolClosed, ProcessError, ProcessPool
 from zett_agent.process._host._job import set_event_filter
 from zett_agent.runners._base import WrappedJob
 from zett_agent.runners._broker._standin import relaying as _relaying
-from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
+from zett_agent.runners._child import (
+    ChildSpec,
+    rehearse,
+    run_child,
+    run_pickled_child,
+    unpicklable_part,
+)
 from zett_agent.runners._child_inbox import MESSAGE_TOPIC
 from zett_agent.runners._preload import RUNTIME_MODULES, excluded
 
@@ -496,6 +502,9 @@ class ProcessRunner:
             kill_grace=self.kill_grace or 0.0,
             preload=preload,
             nice=self.nice,
+            # each spare runs a child once while it waits: a child's start then finds the
+            # runtime's pages already its own (see ``rehearse``)
+            spare_warm_up=f"{rehearse.__module__}:{rehearse.__name__}",
         )
         pool.owner = self.owner
         await pool.start()

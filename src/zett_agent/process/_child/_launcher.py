@@ -391,12 +391,22 @@ class _Launcher:
             os.rmdir(os.path.dirname(pool))  # the shared cgroup, once no pool is left in it
 
 
+def _resolve(name: str) -> Any:
+    """The function ``"module:function"`` names (the pool's ``spare_warm_up``)."""
+    module, _, attribute = name.partition(":")
+    function = getattr(importlib.import_module(module), attribute)
+    if not callable(function):
+        raise TypeError(f"spare_warm_up {name!r} is not a function")
+    return function
+
+
 def main() -> None:
     """Entry point of the launcher process (see the module docstring)."""
     host_pid, max_frame_bytes = int(sys.argv[2]), int(sys.argv[3])
     preload = json.loads(sys.argv[4])
     cgroups: dict[str, str] = json.loads(sys.argv[5])
     nice = int(sys.argv[6])
+    warm_up = sys.argv[7] if len(sys.argv) > 7 else ""
     # the pool's Landlock settings travel with the cgroup paths (the launcher's arguments)
     landlock_cap = int(cgroups.pop("landlock_abi", "-1"))
     scope_workers = cgroups.pop("scope_workers", "1") == "1"
@@ -418,7 +428,10 @@ def main() -> None:
         import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
 
         from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
-        from . import _worker  # noqa: F401
+        from . import _worker
+
+        if warm_up:
+            _worker.spare_warm_up = _resolve(warm_up)
     except BaseException as exc:
         launcher.send({"op": "hello", "error": f"{type(exc).__name__}: {exc}"})
         return

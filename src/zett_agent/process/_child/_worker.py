@@ -12,6 +12,7 @@ from what it observes (its own kill, the cgroup, pidfds), never from what the wo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import select
@@ -306,6 +307,10 @@ def _flush_std_streams() -> None:
 #: seconds a new worker waits for a first job before it warms up as a spare
 _WARM_UP_AFTER = 0.002
 
+#: what an idle spare runs once, after the engine's own warm-up (``ProcessPool(spare_warm_up=)``);
+#: set by the launcher before it forks
+spare_warm_up: Callable[[], object] | None = None
+
 
 def _warm_up(confine: bool, loop: bool = False, prepare: str = "") -> None:
     """Run the job path once on a dummy job before the first real one arrives.
@@ -327,6 +332,12 @@ def _warm_up(confine: bool, loop: bool = False, prepare: str = "") -> None:
     Encoder(sink.append, 1 << 20).message("result", fn(*args, **kwargs), _usage())
     if loop:
         _warm_up_event_loop()  # the pool has run coroutine jobs: the next one will be too
+    if spare_warm_up is not None:
+        # the pool's own rehearsal of what its jobs run (a child agent's turn, say): what
+        # it raises only means the job pays its page faults itself
+        with contextlib.suppress(Exception):
+            spare_warm_up()
+        _fresh_asyncio()
     if confine:
         _confine.warm_up()  # the sandbox's path too: a spare of a sandboxing pool may get one
         if prepare:
@@ -344,12 +355,21 @@ def _warm_up_event_loop() -> None:
     job the same asyncio it would find in a process that never ran a loop.
     """
     import asyncio
-    import warnings
 
     async def nothing() -> None:
         return None
 
     asyncio.run(nothing())
+    _fresh_asyncio()
+
+
+def _fresh_asyncio() -> None:
+    """Drop asyncio's policy if a warm-up ran a loop (see ``_warm_up_event_loop``)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return
+    import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # policies are deprecated in 3.14
         asyncio.set_event_loop_policy(None)
