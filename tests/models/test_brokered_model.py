@@ -423,6 +423,64 @@ async def test_a_sandboxed_childs_key_stays_in_the_parent(
     assert endpoint.headers and all(h["authorization"] == f"Bearer {key}" for h in endpoint.headers)
 
 
+@pytest.mark.parametrize("brokered", [True, False], ids=["brokered-default", "control-unbrokered"])
+async def test_the_key_variables_are_wiped_from_a_brokered_childs_environment_and_memory(
+    containment: str,
+    fifos: tuple[str, str, int],
+    brokered: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and the model's own ``api_key_env`` are in the
+    host's environment when the pool starts, so its launcher and every worker inherit them. A
+    brokered child (the default runner) has them in neither its environment (``/proc/PID/
+    environ``, ``os.environ``) nor any readable page of its memory; the parent still sends
+    the model's key. The control child, calling its model itself, holds all three."""
+    ready, go, go_fd = fifos
+    keys = {name: new_key() for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
+    variable = f"ZETT_TEST_KEY_{secrets.token_hex(4).upper()}"
+    keys[variable] = new_key()
+    for name, key in keys.items():
+        monkeypatch.setenv(name, key)  # before the pool starts: its launcher inherits them
+    wait = {"ready": ready, "go": go}
+
+    def answer(request: ModelRequest) -> AssistantMessage:  # behind the endpoint
+        results = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not results:
+            return AssistantMessage(tool_calls=(ToolCall("w", "wait_here", wait),))
+        return AssistantMessage(f"done: {results[0].text}")
+
+    async with OfflineEndpoint(answer) as endpoint:
+        model = OpenAIChatModel("test-model", base_url=endpoint.url, api_key_env=variable)
+        definition = SubAgentDefinition(
+            "remote", "a child that waits", "You are the child.", model=model,
+            tools=[kids.WAIT_TOOL],
+        )  # fmt: skip
+        runner = {} if brokered else {"broker": False}
+        async with (
+            ProcessPool(2, containment=containment) as pool,
+            Recording([definition], runner=ProcessRunner(pool, **runner)) as extension,
+        ):
+            run = asyncio.ensure_future(run_parent(extension, "remote"))
+            async with child_held(ready, go_fd) as pid:
+                environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)
+                needles = [key.encode() for key in keys.values()] + [b"You are the child."]
+                found = await asyncio.to_thread(memory_holds, pid, needles)
+            async with asyncio.timeout(HANG_GUARD):
+                await run
+            task = only_task(extension)
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    assert found[b"You are the child."], "the scan must see what the child holds"
+    for name, key in keys.items():
+        if brokered:
+            assert key.encode() not in environ, f"${name} is in the brokered child's environment"
+            assert not found[key.encode()], f"${name}'s value is in the brokered child's memory"
+        else:  # the same checks find them in a child that calls its model itself
+            assert f"{name}={key}".encode() in environ
+            assert found[key.encode()]
+    bearer = f"Bearer {keys[variable]}"
+    assert endpoint.headers and all(h["authorization"] == bearer for h in endpoint.headers)
+
+
 def _is_child(body: dict[str, Any]) -> bool:
     return body["messages"][0] == {"role": "system", "content": "You are the child."}
 
