@@ -42,6 +42,8 @@ EXAMPLE_OUTPUT: dict[str, str | None] = {
     "fastapi_app.py": None,  # an ASGI app: served by uvicorn in test_fastapi_example.py
     "ray_children.py": None,  # needs a Ray cluster: run on the test cluster in tests/ray_runner
     "mcp_children.py": None,  # a definitions module: served by zett-agent mcp in tests/mcp_server
+    "mcp_task_client.py": "tasks/result: ",
+    "mcp_http_client.py": "report: ",
 }
 
 _FENCE = re.compile(r"^( *)```python\n(.*?)^\1```$", re.MULTILINE | re.DOTALL)

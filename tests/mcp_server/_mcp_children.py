@@ -78,3 +78,4 @@ def definitions() -> list[SubAgentDefinition]:
 
 NOT_DEFINITIONS = 42
 NO_MODEL = [SubAgentDefinition("orphan", "has no model", "x")]
+TASK_NAMED = [SubAgentDefinition("task_start", "named like a task tool", "x", model=MODEL)]

@@ -15,7 +15,17 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: uv sync --extra mcp")
 
-from _mcp_testing import CHILDREN, HANG_GUARD, HERE, TOOLS, ZETT_AGENT, fifos, start_arguments
+from _mcp_testing import (
+    CHILD_TOOLS,
+    CHILDREN,
+    HANG_GUARD,
+    HERE,
+    TOOLS,
+    ZETT_AGENT,
+    fifos,
+    reap,
+    start_arguments,
+)
 
 from support.liveness import alive
 
@@ -52,6 +62,11 @@ def run_cli(*args: str, cwd: Path = HERE) -> subprocess.CompletedProcess[str]:
             "_mcp_children:NOT_DEFINITIONS",
             "zett-agent mcp: _mcp_children:NOT_DEFINITIONS must be a sequence of "
             "SubAgentDefinition (or a function returning one), got int",
+        ),
+        (
+            "_mcp_children:TASK_NAMED",
+            "zett-agent mcp: SubAgentDefinition 'task_start' is named like a task tool; every "
+            "child is also a tool of its own name, so rename it",
         ),
         (
             "_mcp_children:NO_MODEL",
@@ -98,6 +113,49 @@ def test_a_bad_max_concurrent_is_one_line_and_exit_2() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--token-file", "t"], "--token-file and --allow-origin go with --http"),
+        (["--http", "127.0.0.1:99999"], "--http '127.0.0.1:99999': give [HOST:]PORT with a port"),
+        (["--http", "example.com:80"], "--http 'example.com:80': 'example.com' is not an IP"),
+        (["--max-task-ttl", "0"], "--max-task-ttl must be from 1 to 31536000 seconds, got 0.0"),
+    ],
+)
+def test_bad_server_options_are_one_line_and_exit_2(args: list[str], says: str) -> None:
+    done = run_cli(CHILDREN, *args)
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"zett-agent mcp: {says}")
+
+
+def test_a_bad_token_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    short = tmp_path / "token"
+    short.write_text("abc\n")
+    done = run_cli(CHILDREN, "--http", "127.0.0.1:0", "--token-file", str(short))
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"zett-agent mcp: the token in {str(short)!r} has 3 characters; use at least 16 (for "
+        "example: python -c 'import secrets; print(secrets.token_urlsafe(32))')\n",
+    )
+    done = run_cli(CHILDREN, "--http", "127.0.0.1:0", "--token-file", str(tmp_path / "none"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("zett-agent mcp: cannot read the token file")
+
+
+def test_a_port_in_use_is_one_line_and_exit_2() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(CHILDREN, "--http", f"127.0.0.1:{port}")
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"zett-agent mcp: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+
+
 def test_importing_zett_agent_imports_no_mcp() -> None:
     code = (
         "import sys, zett_agent, zett_agent.cli, zett_agent.extensions.subagent, zett_agent._mcp;"
@@ -109,25 +167,6 @@ def test_importing_zett_agent_imports_no_mcp() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
-
-
-def _reap(pids: list[int], within: float = HANG_GUARD) -> dict[int, int]:
-    """Wait until every one of ``pids`` is gone, reaping those that are this process's
-    children (the test is a subreaper: orphans of a killed client come here). Returns the exit
-    status of each one reaped."""
-    statuses: dict[int, int] = {}
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-        except psutil.NoSuchProcess:
-            continue
-        try:
-            status = process.wait(timeout=within)
-        except psutil.TimeoutExpired:
-            raise AssertionError(f"still alive {within} s after the kill: {pid}") from None
-        if status is not None:
-            statuses[pid] = status
-    return statuses
 
 
 @pytest.mark.parametrize("victim", ["client", "server"])
@@ -149,7 +188,7 @@ def test_nothing_outlives_a_killed_client_or_server(victim: str, tmp_path: Path)
     everything: list[int] = []
     try:
         ready = json.loads(client.stdout.readline())
-        assert ready["tools"] == TOOLS
+        assert ready["tools"] == [*TOOLS, *CHILD_TOOLS]
         server = int(ready["server_pid"])
         with fifos(tmp_path, "report") as [report]:
             spin = start_arguments("spin", report=report.path)
@@ -173,22 +212,22 @@ def test_nothing_outlives_a_killed_client_or_server(victim: str, tmp_path: Path)
             if victim == "client":
                 os.kill(client.pid, signal.SIGKILL)
                 assert client.wait(timeout=HANG_GUARD) == -signal.SIGKILL
-                statuses = _reap(everything)
+                statuses = reap(everything)
                 # not killed by anyone: it exited of its own accord once its stdin closed
                 assert statuses.get(server) == 0, statuses
             else:
                 os.kill(server, signal.SIGKILL)
                 # the server's orphans come to this (subreaper) process; the server itself
                 # stays the client's child until the client is gone
-                _reap(everything[1:])
+                reap(everything[1:])
                 client.kill()
                 client.wait(timeout=HANG_GUARD)
-                _reap([server])
+                reap([server])
     finally:
         if client.poll() is None:
             client.kill()
             client.wait()
         client.stdin.close()
         client.stdout.close()
-        _reap(everything)
+        reap(everything)
     assert everything and not [pid for pid in everything if alive(pid)]

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: uv sync --extra mcp")
 
 from _mcp_testing import (
+    CHILD_TOOLS,
     CHILDREN,
     HANG_GUARD,
     HERE,
@@ -68,7 +69,7 @@ async def failure(client: Client, tool: str, **arguments: Any) -> str:
 async def test_the_five_tools_are_listed_and_a_task_reports(mode: str) -> None:
     async with connect(mode=mode) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-        assert list(tools) == TOOLS
+        assert list(tools) == [*TOOLS, *CHILD_TOOLS]
         assert tools["task_start"].input_schema["required"] == [
             "subagent_type",
             "description",
@@ -82,8 +83,14 @@ async def test_the_five_tools_are_listed_and_a_task_reports(mode: str) -> None:
         assert report["content"] == "report: nothing to do"
         listing = await call(client, "task_list")
         assert [t["task_id"] for t in listing["tasks"]] == [started["task_id"]]
-        # the tasks extension is not served (the SDK has none): the plain tools are the interface
+        # no extension is declared; MCP tasks are the handshake revision's (2025-11-25) only
         assert not (client.server_capabilities.extensions or {})
+        if mode == "legacy":
+            assert client.protocol_version == "2025-11-25"
+            assert client.server_capabilities.tasks is not None
+        else:  # the 2026-07-28 revision has no tasks in its core
+            assert client.protocol_version == "2026-07-28"
+            assert client.server_capabilities.tasks is None
 
 
 async def test_task_output_waits_and_forwards_the_childs_progress(tmp_path: Path) -> None:
@@ -194,7 +201,7 @@ async def test_the_documented_definitions_module_is_served() -> None:
     target = "docs._examples.mcp_children:definitions"
     async with connect(target=target, cwd=ROOT) as client:
         tools = (await client.list_tools()).tools
-        assert [tool.name for tool in tools] == TOOLS
+        assert [tool.name for tool in tools] == [*TOOLS, "line_counter"]
         started = await call(
             client,
             "task_start",

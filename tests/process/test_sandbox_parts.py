@@ -244,7 +244,7 @@ def _file_setattr_errno(reviewed: int | None) -> str:
         "from zett_agent.process._sandbox import _landlock, _seccomp\n"
         "if sys.argv[2] != 'none':\n"
         "    _landlock.set_no_new_privs()\n"
-        "    _seccomp.load(_seccomp.program(True, True, int(sys.argv[2])))\n"
+        "    _seccomp.load(_seccomp.program('none', True, int(sys.argv[2])))\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         f"libc.syscall({_FILE_SETATTR}, -1, None, None, 0, 0)\n"
         "print(errno.errorcode[ctypes.get_errno()])\n"

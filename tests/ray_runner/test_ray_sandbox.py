@@ -10,7 +10,7 @@ import pytest
 from _ray_testing import BOUND, settle
 
 from zett_agent.extensions.subagent import SubAgentDefinition
-from zett_agent.process import Sandbox
+from zett_agent.process import Egress, Sandbox
 from zett_agent.runners import ChildSpec
 from zett_agent.runners.ray import RayJob, RayRunner
 from zett_agent.testing import ScriptedModel
@@ -45,5 +45,14 @@ async def test_a_brokered_child_gets_its_model_calls_made_on_its_node(
     try:
         job = await settle(await runner.submit(spec(broker=True)))
         assert job.result()["content"] == "the child's report"
+    finally:
+        await asyncio.wait_for(runner.close(), BOUND)
+
+
+async def test_egress_is_refused_on_ray_saying_why(ray_cluster: dict[str, Any]) -> None:
+    runner = RayRunner()
+    try:
+        with pytest.raises(ValueError, match="not supported on Ray"):
+            await runner.submit(spec(), sandbox=Sandbox(network=Egress(allow=["api.test"])))
     finally:
         await asyncio.wait_for(runner.close(), BOUND)

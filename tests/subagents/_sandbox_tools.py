@@ -21,3 +21,24 @@ READ = AgentTool(
     {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
     _read,
 )
+
+
+def _fetch(url: str) -> str:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return f"fetched {len(response.read())} bytes"
+    except urllib.error.HTTPError as exc:
+        return f"refused: {exc.code}"
+    except OSError as exc:
+        return f"failed: {exc}"
+
+
+FETCH = AgentTool(
+    "fetch",
+    "Fetch a URL.",
+    {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+    _fetch,
+)

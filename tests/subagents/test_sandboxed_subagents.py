@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _sandbox_tools import READ
+from _sandbox_tools import FETCH, READ
 
 from support.calls import call
 from support.parent import parent_answer
@@ -23,7 +23,7 @@ from support.scripted_models import StepModel, ToolsThenAnswer, tool_results
 from zett_agent.extensions.async_subagent import AsyncSubAgentExtension, SubAgentTaskStatus
 from zett_agent.extensions.subagent import SubAgentDefinition, SubAgentExtension
 from zett_agent.messages import AssistantMessage
-from zett_agent.process import ProcessLimits, Sandbox, SandboxUnavailable
+from zett_agent.process import Egress, ProcessLimits, Sandbox, SandboxUnavailable
 from zett_agent.process._sandbox._landlock import abi
 from zett_agent.runners import InProcessRunner
 from zett_agent.runners._refused import RefusedJob
@@ -162,3 +162,70 @@ def test_a_refused_job_is_a_whole_job() -> None:
     with pytest.raises(SandboxUnavailable):
         job.result()
     assert job.usage().elapsed == 0.0 and job.info() == {"sandbox": {"enforced": False}}
+
+
+@needs_sandbox
+async def test_an_egress_childs_connections_are_counted_in_its_task_info_and_on_its_span() -> None:
+    """Its allowed and denied connections, and the bytes, in ``task_info`` (as the model sees
+    it) and on its ``invoke_agent`` span."""
+    import http.server
+    import threading
+
+    from support.tracing import exported_spans
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    egress = Egress(allow=[f"api.test:{port}"], hosts={"api.test": "127.0.0.1"})
+    child = SubAgentDefinition(
+        "fetcher",
+        "fetches",
+        "p",
+        model=ToolsThenAnswer(
+            "{last}",
+            tools=[
+                ("fetch", {"url": f"http://api.test:{port}/"}),
+                ("fetch", {"url": f"http://other.test:{port}/"}),
+            ],
+        ),
+        tools=[FETCH],
+        sandbox=Sandbox(network=egress),
+    )
+    try:
+        with exported_spans() as exporter:
+            model = start_and_read("fetcher")
+            extension = AsyncSubAgentExtension([child])
+            async with extension, parent_answer(model, extension):
+                [task] = extension.tasks("parent")
+                info = extension.task_info(task)
+            spans = exporter.get_finished_spans()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    assert task.output == "refused: 403"
+    entry: dict[str, Any] = info["egress"]  # type: ignore[typeddict-item]
+    assert (entry["allowed"], entry["denied"]) == (1, 1) and entry["bytes"] > 5, entry
+    # the first connection's close may be seen after the second request was decided
+    assert sorted((d["host"], d["reason"][:6]) for d in entry["recent"]) == [
+        ("api.test", "allowe"),
+        ("api.test", "closed"),
+        ("other.test", "other."),
+    ]
+    assert info["sandbox"]["network"] == "egress"  # type: ignore[typeddict-item]
+    [agent] = [s for s in spans if s.name == "invoke_agent fetcher"]
+    assert agent.attributes["zett_agent.egress.allowed"] == 1
+    assert agent.attributes["zett_agent.egress.denied"] == 1
+    assert agent.attributes["zett_agent.egress.bytes"] == entry["bytes"]

@@ -1,5 +1,6 @@
-"""``zett-agent mcp``: the background task tools served to any MCP client over stdio.
+"""``zett-agent mcp``: background child agents served to MCP clients, over stdio or HTTP.
 
-Only ``_server`` imports the ``mcp`` SDK (the optional extra ``mcp``); the rest of this package,
-and everything ``zett_agent.cli`` imports for other commands, stays free of it.
+The modules that serve import the ``mcp`` SDK (the optional extra ``mcp``); ``_cli``,
+``_load`` and ``_watch``, and everything ``zett_agent.cli`` imports for other commands, stay
+free of it.
 """

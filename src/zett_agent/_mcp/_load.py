@@ -15,6 +15,9 @@ from zett_agent.extensions._definition import SubAgentDefinition
 #: the most definitions one server offers (each is a profile the client's model may choose)
 MAX_DEFINITIONS = 100
 
+#: the task tools' names, which a child's own tool cannot take
+TASK_TOOL_NAMES = ("task_start", "task_list", "task_status", "task_output", "task_cancel")
+
 
 class DefinitionsError(Exception):
     """``MODULE:ATTR`` does not name servable definitions.
@@ -99,6 +102,11 @@ def _check(target: str, value: object) -> tuple[SubAgentDefinition, ...]:
         if not isinstance(definition, SubAgentDefinition):
             raise DefinitionsError(
                 f"{target}[{index}] must be a SubAgentDefinition, got {type(definition).__name__}"
+            )
+        if definition.name in TASK_TOOL_NAMES:
+            raise DefinitionsError(
+                f"SubAgentDefinition {definition.name!r} is named like a task tool; every child "
+                "is also a tool of its own name, so rename it"
             )
         if definition.model is None:
             raise DefinitionsError(

@@ -1,7 +1,7 @@
-"""Waking a waiting ``task_output`` when its child reports progress.
+"""Waking whoever waits on a child (a call, a task's progress) when the child reports.
 
 The extension folds each child's progress events into its task as they arrive, and tells no one.
-The MCP server wants to forward progress while ``task_output`` waits, without polling and
+The MCP server wants to forward progress while a call waits or a task runs, without polling and
 without reaching into the extension: it hands the extension a runner that wraps the real one,
 whose jobs ring a bell after every event the extension has read (and folded into the task).
 Whoever waits on a child's bell then reads the task as the tools show it.

@@ -94,6 +94,10 @@ PROVIDER_UNKNOWN = "zett_agent"
 TASK_DESCRIPTION = "zett_agent.task.description"
 #: span records of a child that did not fit and were dropped
 SPANS_DROPPED = "zett_agent.spans_dropped"
+#: an ``Egress`` child's connections its parent's proxy allowed and denied, and the bytes moved
+EGRESS_ALLOWED = "zett_agent.egress.allowed"
+EGRESS_DENIED = "zett_agent.egress.denied"
+EGRESS_BYTES = "zett_agent.egress.bytes"
 
 # -- bounds ------------------------------------------------------------------------------------
 

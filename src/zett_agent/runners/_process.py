@@ -126,6 +126,9 @@ class ProcessChildJob(WrappedJob):
         report = self.job.sandbox_report
         if report is not None:
             info["sandbox"] = sandbox_entry(report)
+        egress = self.job.egress
+        if egress is not None:
+            info["egress"] = egress_entry(egress.counts(), egress.decisions)
         return info
 
 
@@ -144,6 +147,22 @@ def sandbox_entry(report: Mapping[str, Any]) -> dict[str, Any]:
     if "refused" in report:
         entry["refused"] = report["refused"]
     return entry
+
+
+#: an Egress child's latest decisions the task info shows
+_RECENT = 5
+
+
+def egress_entry(
+    counts: Mapping[str, int], decisions: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The task info's ``egress`` entry: the counts, and the latest decisions (at most 5).
+
+    Each decision: ``{"host", "port", "allowed", "reason", "bytes"}`` (an allowed connection
+    once more when it ends, ``"reason": "closed"``, with the bytes it moved).
+    """
+    recent = list(decisions)[-_RECENT:]
+    return {**counts, "recent": [dict(decision) for decision in recent]}
 
 
 class _ExtensionPool(ProcessPool):

@@ -34,6 +34,9 @@ from zett_agent._tracing._base import (
     AGENT_NAME,
     CHAT,
     CONVERSATION,
+    EGRESS_ALLOWED,
+    EGRESS_BYTES,
+    EGRESS_DENIED,
     INPUT_TOKENS,
     INVOKE_AGENT,
     MAX_CHILD_SPANS,
@@ -258,6 +261,8 @@ class ChildTrace:
         try:
             reason: str | None = None
             kind: str | None = None
+            if job is not None:
+                self._egress(job)
             if job is None or not job.done():
                 reason = "the task's supervisor stopped before the child finished"
                 kind = "interrupted"
@@ -276,6 +281,18 @@ class ChildTrace:
     def abandon(self, error: BaseException) -> None:
         """End the spans of a child that never started (its start raised ``error``)."""
         self._close(describe(error), error_type(error))
+
+    def _egress(self, job: ChildJob) -> None:
+        """An ``Egress`` child's counts on its span (``zett_agent.egress.*``)."""
+        egress = job.info().get("egress")
+        if isinstance(egress, dict):
+            self._root.set_attributes(
+                {
+                    EGRESS_ALLOWED: egress.get("allowed", 0),
+                    EGRESS_DENIED: egress.get("denied", 0),
+                    EGRESS_BYTES: egress.get("bytes", 0),
+                }
+            )
 
     def _close(self, reason: str | None, kind: str | None) -> None:
         if self._closed:

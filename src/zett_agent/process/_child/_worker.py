@@ -91,10 +91,25 @@ class _Channel:
         with self.lock:
             self._send_frame(_dumps(message).encode())
 
-    def sandbox_report(self, report: dict[str, Any]) -> None:
-        """What was enforced, sent before the job runs (so the job cannot forge it)."""
+    def sandbox_report(self, report: dict[str, Any], listener: int | None = None) -> None:
+        """What was enforced, sent before the job runs (so the job cannot forge it).
+
+        With ``listener`` (an ``Egress`` job's listening socket in its network namespace) the
+        descriptor goes along (``SCM_RIGHTS``) and this process's copy is closed: the host's
+        proxy accepts on it, the job cannot.
+        """
+        payload = _dumps({"k": "sandbox", "v": report}).encode()
         with self.lock:
-            self._send_frame(_dumps({"k": "sandbox", "v": report}).encode())
+            if listener is None:
+                self._send_frame(payload)
+                return
+            try:
+                data = HEADER.pack(len(payload)) + payload
+                sent = socket.send_fds(self.sock, [data], [listener])
+                if sent < len(data):
+                    self.sock.sendall(data[sent:])
+            finally:
+                os.close(listener)
 
 
 _channel: _Channel | None = None
@@ -226,7 +241,8 @@ def _sandboxed(body: memoryview) -> int:
         report = _confine.confine({**parts["shared"], **parts["job"]}, _channel.sock.fileno())
     except Exception as exc:  # a bug here must not let the job run unconfined
         report = {"refused": f"confining the worker failed: {type(exc).__name__}: {exc}"}
-    _channel.sandbox_report(report)
+    listener = report.pop("egress_fd", None)
+    _channel.sandbox_report(report, listener)
     if "refused" in report:
         _flush_std_streams()
         os._exit(0)

@@ -14,11 +14,13 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ProtocolError
+from .._sandbox._egress import Egress
 from .._sandbox._options import SandboxUnavailable
 from ._channel import Channel
 from ._job_core import JobStatus
 from ._outcome import failure_error
 from ._owned import OwnedSocket
+from ._proxy import EgressProxy
 from ._reaping import Reaper
 from ._supervised import Worker, WorkerState
 
@@ -108,11 +110,48 @@ class WorkerEvents(Reaper):
         job.sandbox_report = report
         refused = report.get("refused")
         if refused is None:
+            if job.egress is not None:
+                self.serve_egress(worker, job)
             return
+        channel = worker.channel
+        if channel is not None and (fd := channel.take_fd()) is not None:
+            os.close(fd)
         missing = report.get("missing")
         names = tuple(str(name) for name in missing) if isinstance(missing, dict) else ()
         error = SandboxUnavailable(str(refused), names)
         self.answered(worker, JobStatus.FAILED, None, error, 0.0, 0)
+
+    def serve_egress(self, worker: Worker, job: JobCore) -> None:
+        """Start the proxy of an ``Egress`` job on the listener its worker handed over.
+
+        The descriptor must be a listening TCP socket (IPv4 or IPv6); anything else, or none,
+        is a protocol error of the worker (whose code, not the job's, sent it).
+        """
+        assert worker.channel is not None and job.egress is not None and job.sandbox is not None
+        fd = worker.channel.take_fd()
+        listener = None
+        if fd is not None:
+            try:
+                listener = socket.socket(fileno=fd)
+                if (
+                    listener.type != socket.SOCK_STREAM
+                    or listener.family not in (socket.AF_INET, socket.AF_INET6)
+                    or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                ):
+                    raise OSError("not a listening TCP socket")
+            except OSError:
+                if listener is not None:
+                    listener.close()
+                else:
+                    os.close(fd)
+                listener = None
+        if listener is None:
+            self.protocol_error(worker, "the worker sent no listening socket for its Egress job")
+            return
+        egress = job.sandbox.network
+        assert isinstance(egress, Egress)
+        job.proxy = EgressProxy(egress, job.egress)
+        job.proxy.start(listener)
 
     def on_frame(self, worker: Worker) -> None:
         """After each frame: keep what the job holds within ``max_buffered_bytes``."""

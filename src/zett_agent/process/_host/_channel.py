@@ -15,6 +15,7 @@ worker does not read, and messages of a job that ended are dropped unless alread
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections import deque
@@ -79,6 +80,11 @@ class Channel:
         self.message_bytes = 0
         #: called after some message bytes were written, and once at close (senders wait on it)
         self.on_drain: Callable[[], None] | None = None
+        #: read descriptors sent along (``SCM_RIGHTS``) while this is set: an ``Egress`` job's
+        #: worker sends its listener with the sandbox report (otherwise the kernel drops any)
+        self.expect_fd = False
+        #: the descriptor received, not yet taken (``take_fd``); at most one is kept
+        self._fds: list[int] = []
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -197,7 +203,13 @@ class Channel:
 
     def _on_readable(self) -> None:
         try:
-            received = self.decoder.recv_from(self.sock, _RECV_SIZE)
+            if self.expect_fd:
+                received = self.decoder.recv_from(self.sock, _RECV_SIZE, self._fds)
+                for extra in self._fds[1:]:  # one is all a worker may send: the rest is closed
+                    os.close(extra)
+                del self._fds[1:]
+            else:
+                received = self.decoder.recv_from(self.sock, _RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -249,11 +261,18 @@ class Channel:
         """Fail from outside (a budget was broken): stop reading and report ``reason``."""
         self._fail(reason)
 
+    def take_fd(self) -> int | None:
+        """The descriptor the worker sent (``expect_fd``), now the caller's; stops expecting one."""
+        self.expect_fd = False
+        return self._fds.pop() if self._fds else None
+
     def close(self) -> None:
         """Stop everything and close the socket (idempotent)."""
         if self.closed:
             return
         self.closed = True
+        while self._fds:
+            os.close(self._fds.pop())
         self._stop()
         if self._scheduled is not None:
             self._scheduled.cancel()

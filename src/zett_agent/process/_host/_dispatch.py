@@ -226,6 +226,8 @@ class Dispatcher:
         worker.last = last
         if sandboxed:
             worker.scratch = job.scratch
+            # an Egress job's worker sends its listener with the sandbox report
+            worker.channel.expect_fd = job.egress is not None
         flags = (FLAG_LAST if last else 0) | (FLAG_SANDBOX if sandboxed else 0)
         worker.channel.send(_JOB_HEADER.pack(len(payload) + 1, flags) + payload)
         if limits.timeout is not None:

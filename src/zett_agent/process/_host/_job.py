@@ -22,6 +22,7 @@ import psutil
 from .._errors import JobCancelled
 from .._wire._protocol import FLAG_MESSAGE, HEADER
 from ._job_core import JobCore, JobStatus
+from ._proxy import EgressLog
 
 if TYPE_CHECKING:
     from .._limits import ProcessLimits
@@ -109,6 +110,18 @@ class ProcessJob:
         the job did not run, ``refused``.
         """
         return self._core.sandbox_report
+
+    @property
+    def egress(self) -> EgressLog | None:
+        """What the proxy of a job with ``Sandbox(network=Egress(...))`` decided, else None.
+
+        ``counts()`` (``{"allowed", "denied", "bytes"}``), the latest ``decisions`` (each
+        ``{"host", "port", "allowed", "reason", "bytes"}``; an allowed connection once more
+        when it ends, ``"reason": "closed"``, with its bytes), and ``listeners`` called with
+        each one. Made by the host, which the job cannot write to: it is not among the
+        job's ``events()``.
+        """
+        return self._core.egress
 
     @property
     def pid(self) -> int | None:

@@ -16,10 +16,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._sandbox._egress import Egress
+from ._proxy import EgressLog
+
 if TYPE_CHECKING:
     from .._limits import ProcessLimits
     from .._sandbox._options import Sandbox
     from ._channel import Channel
+    from ._proxy import EgressProxy
 
 __all__ = ["JobCore", "JobSeat", "JobStatus"]
 
@@ -106,6 +110,10 @@ class JobCore:
     drain_waiter: asyncio.Future[None] | None = None
     #: takes each event before it is buffered; returns True when it consumed it
     event_filter: Callable[[Any, int], bool] | None = None
+    #: what an ``Egress`` job's proxy decided (``None``: the job has no Egress)
+    egress: EgressLog | None = None
+    #: the proxy serving an ``Egress`` job, once its worker handed over its listener
+    proxy: EgressProxy | None = None
     #: resolved once no process of the job's tree is left (see ``ProcessJob.wait_gone``)
     gone: asyncio.Future[None] | None = None
     tree_is_gone = False
@@ -125,6 +133,8 @@ class JobCore:
         self.payload: bytes | None = payload
         self.limits = limits
         self.sandbox = sandbox
+        if sandbox is not None and isinstance(sandbox.network, Egress):
+            self.egress = EgressLog()
         self.name = name
         #: one future per ``await job``/``wait()``/``cancel()`` in progress, resolved by
         #: ``finish``: awaiting it directly costs one event-loop iteration less per job than a
@@ -215,6 +225,8 @@ class JobCore:
             waiters.clear()
         if self.event_waiter is not None:
             self.wake_consumer()
+        if self.proxy is not None:
+            self.proxy.close()  # the job is over: so are its connections
         if self.callbacks:
             for callback in self.callbacks:
                 self.loop.call_soon(callback)

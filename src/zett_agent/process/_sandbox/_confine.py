@@ -256,13 +256,25 @@ def _own_view(policy: dict[str, Any], account: dict[str, Any], report: dict[str,
     """
     scratch = policy["scratch"]
     writable = [scratch, *(path for path in policy["write"] if os.path.exists(path))]
+    egress = policy["network"] == "egress"
     try:
-        why, made = _view.make_view(scratch, writable, account["mode"] != "same")
+        why, made = _view.make_view(scratch, writable, account["mode"] != "same", egress)
     except OSError as exc:
         raise _Refused(f"the job's read-only view could not be finished: {exc}") from None
     report["view"] = why is None
     if why is None:
         report["namespaces"] = made
+        if egress:
+            _egress(policy, report)
+    elif egress:
+        report["missing"]["netns"] = (
+            f"{why}: no network namespace of its own, so Egress cannot route the job through "
+            "its parent's proxy (root, or unprivileged user namespaces, are needed)"
+        )
+        raise _Refused(
+            "the sandbox's Egress needs a network namespace for the job: "
+            + report["missing"]["netns"]
+        )
     else:
         report["view_why"] = (
             f"{why}: no namespaces of its own, so the seccomp filter denies changing any "
@@ -271,9 +283,30 @@ def _own_view(policy: dict[str, Any], account: dict[str, Any], report: dict[str,
     return why is None
 
 
-def _close_all_but(keep_fd: int) -> None:
-    """Close every descriptor but stdio, ``keep_fd`` and a prepared ruleset's."""
-    keep = [keep_fd]
+def _egress(policy: dict[str, Any], report: dict[str, Any]) -> None:
+    """In the job's new network namespace: its one way out, a listener the host's proxy serves.
+
+    The listener's descriptor goes to the host with the report (``"egress_fd"``, taken off the
+    report by the worker); its port is the only TCP port the job may connect to (Landlock), and
+    the proxy variables of the job's environment name it.
+    """
+    try:
+        listener = _view.loopback_listener()
+    except OSError as exc:
+        raise _Refused(f"could not open the job's way to its proxy: {exc}") from None
+    port = int(listener.getsockname()[1])
+    policy["egress_port"] = port
+    proxy = f"http://127.0.0.1:{port}"
+    env = policy["env"]
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = proxy
+    report["egress"] = {"port": port}
+    report["egress_fd"] = listener.detach()
+
+
+def _close_all_but(keep_fd: int, *also: int) -> None:
+    """Close every descriptor but stdio, ``keep_fd``, ``also`` and a prepared ruleset's."""
+    keep = [keep_fd, *also]
     prepared = _ruleset.prepared_fd()
     if prepared >= 0:
         keep.append(prepared)
@@ -321,7 +354,7 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
             raise _Refused("another thread runs in the worker; a sandbox confines one thread")
         _scratch(policy["scratch"], account)
         view = _own_view(policy, account, report)
-        _close_all_but(keep_fd)
+        _close_all_but(keep_fd, *([report["egress_fd"]] if "egress_fd" in report else []))
         _wipe_environment(policy["env"])
         try:
             _landlock.set_no_new_privs()
@@ -395,6 +428,8 @@ def confine(policy: dict[str, Any], keep_fd: int) -> dict[str, Any]:
         _account(account)
     except _Refused as refusal:
         report["refused"] = str(refusal)
+        if "egress_fd" in report:
+            os.close(report.pop("egress_fd"))
     _ruleset.discard()
     report["seconds"] = round(time.perf_counter() - began, 6)
     return report
@@ -426,6 +461,7 @@ _CONFINING: tuple[Any, ...] = (
     _landlock.Ruleset.restrict_self,
     _landlock.Ruleset.close,
     _own_view,
+    _egress,
     _view.make_view,
     _view._unshare_namespaces,
     _view._set_attr,

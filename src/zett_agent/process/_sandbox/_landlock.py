@@ -64,6 +64,7 @@ _SYS_ADD_RULE = 445
 _SYS_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
+_RULE_NET_PORT = 2
 
 # the rights of <linux/landlock.h> this module names; the others of ABI 1 (bits 4 to 12 but
 # 6 and 11: remove a directory or file, make a directory, regular file, socket, FIFO or
@@ -100,6 +101,10 @@ class _RulesetAttr(ctypes.Structure):
         ("handled_access_net", ctypes.c_uint64),
         ("scoped", ctypes.c_uint64),
     )
+
+
+class _NetPortAttr(ctypes.Structure):
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -257,6 +262,18 @@ class Ruleset:
             return True
         finally:
             os.close(fd)
+
+    def allow_connect(self, port: int) -> None:
+        """Grant connecting to TCP ``port`` (any address); raises ``OSError`` when refused.
+
+        Only in a ruleset that handles TCP (``tcp=True``, ABI 4): without, nothing is
+        restricted and nothing needs granting.
+        """
+        if not self.tcp:
+            return
+        attr = _NetPortAttr(ACCESS_NET_CONNECT_TCP, port)
+        if _syscall(_SYS_ADD_RULE, self.fd, _RULE_NET_PORT, ctypes.byref(attr), 0) != 0:
+            raise _error(f"landlock_add_rule(connect to port {port})")
 
     def restrict_self(self) -> None:
         """Enter the domain.

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from ..._checks import check_choice, check_env, check_flag
 from .._errors import ProcessError
 from . import _caps, _landlock, _seccomp
+from ._egress import Egress
 
 __all__ = [
     "NOBODY",
@@ -106,7 +107,10 @@ class Sandbox:
       directory, ``HOME`` and ``TMPDIR``, and is removed with everything in it when the job
       ends.
     - ``network``: ``"none"`` (default: no socket can be created, no TCP bind or connect, no
-      datagram; connected ``AF_UNIX`` pairs still work) or ``"all"``.
+      datagram; connected ``AF_UNIX`` pairs still work), ``"all"``, or an ``Egress``: a
+      network namespace of the job's own with only loopback, whose one way out is a proxy in
+      the parent that allows the listed hosts only (``HTTPS_PROXY``, ``HTTP_PROXY`` and
+      ``ALL_PROXY`` name it; every decision is counted on the job).
     - ``env``: variables added to the minimal environment (``PATH``, ``LANG``, ``HOME``,
       ``TMPDIR``); nothing of the host's environment reaches the job.
     - ``user``: the account the job runs as when the host is root (uid or name). Default: uid
@@ -124,7 +128,7 @@ class Sandbox:
 
     read: Sequence[str | os.PathLike[str]] = ()
     write: Sequence[str | os.PathLike[str]] = ()
-    network: Literal["none", "all"] = "none"
+    network: Literal["none", "all"] | Egress = "none"
     env: Mapping[str, str] | None = None
     user: int | str | None = None
     required: bool = True
@@ -132,7 +136,8 @@ class Sandbox:
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read))
         object.__setattr__(self, "write", _paths("write", self.write))
-        check_choice("Sandbox(network=...)", self.network, _NETWORKS)
+        if not isinstance(self.network, Egress):
+            check_choice("Sandbox(network=...)", self.network, _NETWORKS)
         if self.env is not None:
             check_env("Sandbox.env", self.env)
             object.__setattr__(self, "env", dict(self.env))
@@ -148,6 +153,11 @@ class Sandbox:
             if isinstance(user, str) and (not user or "\0" in user):
                 raise ValueError(f"Sandbox.user must be an account name, got {user!r:.40}")
         check_flag("Sandbox(required=...)", self.required)
+
+    @property
+    def network_kind(self) -> Literal["none", "all", "egress"]:
+        """``"none"``, ``"all"``, or ``"egress"`` for an ``Egress``."""
+        return "egress" if isinstance(self.network, Egress) else self.network
 
 
 # -- the account ------------------------------------------------------------------------------

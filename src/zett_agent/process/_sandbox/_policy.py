@@ -90,7 +90,7 @@ def _covering(paths: dict[str, None]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def _bpf(network_none: bool, view: bool) -> tuple[str | None, str | None]:
+def _bpf(network: str, view: bool) -> tuple[str | None, str | None]:
     """The seccomp program as base64 (compiled once per process), or why there is none.
 
     ``view``: the program for a job that got its own namespaces and read-only view; without,
@@ -100,7 +100,7 @@ def _bpf(network_none: bool, view: bool) -> tuple[str | None, str | None]:
     if not ok:
         return None, reason
     try:
-        program = _seccomp.program(network_none, view)
+        program = _seccomp.program(network, view)
     except OSError as exc:
         return None, f"the seccomp filter could not be built: {exc}"
     return binascii.b2a_base64(program, newline=False).decode("ascii"), None
@@ -117,8 +117,9 @@ def _shared_part(
     """
     defaults = _default_read(path_key)
     if seccomp:
-        program, seccomp_reason = _bpf(network == "none", view=True)
-        without_view, _reason = _bpf(network == "none", view=False)
+        program, seccomp_reason = _bpf(network, view=True)
+        # egress needs the job's namespaces: without them it does not run at all
+        without_view = None if network == "egress" else _bpf(network, view=False)[0]
     else:
         program, seccomp_reason = None, "seccomp is switched off for this pool (seccomp=False)"
         without_view = None
@@ -148,7 +149,7 @@ def shared_part(sandbox: Sandbox, account: Account, *, landlock_abi: int, seccom
     older one); ``seccomp=False`` pretends there is no seccomp. A pool's spares prepare for the
     latest one (``_ruleset.prepare``).
     """
-    return _shared_part(account, sandbox.network, landlock_abi, seccomp, tuple(sys.path))
+    return _shared_part(account, sandbox.network_kind, landlock_abi, seccomp, tuple(sys.path))
 
 
 def policy(sandbox: Sandbox, scratch: str, shared: str) -> bytes:
@@ -168,7 +169,7 @@ def policy(sandbox: Sandbox, scratch: str, shared: str) -> bytes:
         "read": sandbox.read,
         "write": sandbox.write,
         "scratch": scratch,
-        "network": sandbox.network,
+        "network": sandbox.network_kind,
         "env": env,
         "required": sandbox.required,
     }

@@ -49,7 +49,8 @@ def shared_rules(ruleset: _landlock.Ruleset, policy: dict[str, Any], version: in
 
 def new_ruleset(policy: dict[str, Any], version: int) -> _landlock.Ruleset:
     """A ruleset for the policy's kind with its shared rules in it."""
-    ruleset = _landlock.Ruleset(version, fs=True, tcp=policy["network"] == "none", scoped=True)
+    tcp = policy["network"] in ("none", "egress")  # "egress": its proxy's port only, below
+    ruleset = _landlock.Ruleset(version, fs=True, tcp=tcp, scoped=True)
     try:
         shared_rules(ruleset, policy, version)
     except BaseException:
@@ -79,6 +80,8 @@ def job_ruleset(
         for path in policy["write"]:
             if not ruleset.allow(path, write):
                 absent.append(path)
+        if "egress_port" in policy:  # the only TCP the job may connect to: its proxy
+            ruleset.allow_connect(int(policy["egress_port"]))
     except BaseException:
         ruleset.close()
         raise

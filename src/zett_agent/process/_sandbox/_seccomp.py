@@ -38,6 +38,8 @@ Everything is allowed except what lets a process reach past its sandbox, which f
   such as a container daemon's is a way out of the sandbox, and Landlock controls connecting to
   one only from ABI 9 on), and ``socketpair`` except for connected ``AF_UNIX`` stream and
   seqpacket pairs (asyncio's event loop needs one; a datagram pair could ``sendto`` any path);
+- with ``Egress`` (``network="egress"``): sockets of every family but IPv4 and IPv6 (which reach
+  only the job's own loopback, in its network namespace), and the same ``socketpair`` rule;
 - system calls newer than this filter was written for (a number above ``REVIEWED``, on x86_64
   and aarch64) fail with ``ENOSYS``, as on a kernel that lacks them: a call added later is never
   allowed unseen. Calls libseccomp is too old to name but this filter reviewed are ruled by
@@ -79,7 +81,11 @@ _IOCTL_MASK = 0xFFFFFFFF
 _AF_UNIX = 1
 _SOCK_DGRAM = 2
 _SOCK_TYPE_MASK = 0xF
+_SCMP_CMP_LT = 2
 _SCMP_CMP_EQ = 4
+_SCMP_CMP_GT = 6
+_AF_INET = 2
+_AF_INET6 = 10
 _AT_EMPTY_PATH = 0x1000
 _PRIO_PROCESS = 0
 _IOPRIO_WHO_PROCESS = 1
@@ -289,7 +295,7 @@ _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
 _prctl.restype = ctypes.c_int
 
-_programs: dict[tuple[bool, bool, int], bytes] = {}
+_programs: dict[tuple[str, bool, int], bytes] = {}
 _kernel_problem: str | bool | None = False  # False: not looked at yet
 
 
@@ -313,15 +319,18 @@ def _clone_flags_arg() -> int:
     return 1 if platform.machine().startswith("s390") else 0
 
 
-def program(network_none: bool, view: bool = True, reviewed: int = REVIEWED) -> bytes:
+def program(network: str = "none", view: bool = True, reviewed: int = REVIEWED) -> bytes:
     """The filter as raw BPF (``struct sock_filter`` array), compiled once per process.
 
-    ``view``: the job has its own read-only view and IPC namespace (``_view``); without one the
-    calls that view would have stopped are denied (``WITHOUT_VIEW``). ``reviewed``: the
+    ``network`` is the sandbox's kind: ``"none"``, ``"all"`` or ``"egress"``. ``view``: the
+    job has its own read-only view and IPC namespace (``_view``); without one the calls that
+    view would have stopped are denied (``WITHOUT_VIEW``). ``reviewed``: the
     highest system call number allowed unseen (the tests lower it to watch the bound work).
     Raises ``OSError`` when libseccomp is missing or refuses a rule.
     """
-    key = (network_none, view, reviewed)
+    if network not in ("none", "all", "egress"):
+        raise ValueError(f"no such network kind: {network!r:.40}")
+    key = (network, view, reviewed)
     cached = _programs.get(key)
     if cached is not None:
         return cached
@@ -372,8 +381,16 @@ def program(network_none: bool, view: bool = True, reviewed: int = REVIEWED) -> 
         else:
             for name in WITHOUT_VIEW:
                 rule(name, eperm)
-        if network_none:
+        if network == "none":
             rule("socket", eperm)
+        elif network == "egress":
+            # IPv4 and IPv6 only (in the job's namespace they reach its loopback alone): no
+            # pathname UNIX socket (a daemon's is a way out), no netlink, no packet socket
+            rule("socket", eperm, (0, _SCMP_CMP_LT, _AF_INET, 0))
+            rule("socket", eperm, (0, _SCMP_CMP_GT, _AF_INET6, 0))
+            for family in range(_AF_INET + 1, _AF_INET6):
+                rule("socket", eperm, (0, _SCMP_CMP_EQ, family, 0))
+        if network != "all":
             rule("socketpair", eperm, (0, _SCMP_CMP_NE, _AF_UNIX, 0))
             rule("socketpair", eperm, (1, _SCMP_CMP_MASKED_EQ, _SOCK_TYPE_MASK, _SOCK_DGRAM))
         fd = os.memfd_create("zett-agent-seccomp", os.MFD_CLOEXEC)

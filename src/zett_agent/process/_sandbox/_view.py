@@ -10,7 +10,8 @@ enters Landlock (which forbids mounting once entered), gives the job namespaces 
 1. ``unshare(CLONE_NEWNS | CLONE_NEWIPC)`` (root), or with ``CLONE_NEWUSER`` too, mapping the
    host's uid and gid to themselves (a host that is not root: what an unprivileged user may
    make); the IPC namespace is empty, so the host's segments, semaphores and queues do not
-   exist for the job, while its own work among its processes;
+   exist for the job, while its own work among its processes; with ``Egress`` a network
+   namespace too, whose only interface is loopback (``loopback_listener``);
 2. every mount of the copy made private (nothing done here propagates back to the host);
 3. the writable paths (the scratch directory, ``write=``) cloned as they are (``open_tree``);
 4. every mount made read-only, recursively (``mount_setattr``);
@@ -29,15 +30,22 @@ Imported by the worker, so it imports nothing heavy.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import socket
 import stat
+import struct
 
 from .._linux import libc
 
-__all__ = ["make_view"]
+__all__ = ["loopback_listener", "make_view"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWIPC = 0x08000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
 _CLONE_NEWUSER = 0x10000000
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
@@ -101,27 +109,55 @@ def _map_ids(uid: int, gid: int) -> None:
             os.close(fd)
 
 
-def _unshare_namespaces(privileged: bool) -> str:
+def _unshare_namespaces(privileged: bool, network: bool) -> str:
     """Enter the new namespaces; what they are, for the report. Raises ``OSError``."""
-    if privileged:
-        _check(_unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
-        return "mount, ipc"
+    flags, names = _CLONE_NEWNS | _CLONE_NEWIPC, ["mount", "ipc"]
+    if network:
+        flags |= _CLONE_NEWNET
+        names.append("net")
+    if not privileged:
+        flags |= _CLONE_NEWUSER
+        names.insert(0, "user")
     uid, gid = os.geteuid(), os.getegid()
-    _check(
-        _unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC),
-        "unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC)",
-    )
-    _map_ids(uid, gid)
-    return "user, mount, ipc"
+    _check(_unshare(flags), f"unshare({' | '.join('CLONE_NEW' + n.upper() for n in names)})")
+    if not privileged:
+        _map_ids(uid, gid)
+    return ", ".join(names)
 
 
-def make_view(scratch: str, writable: list[str], privileged: bool) -> tuple[str | None, str]:
+def loopback_listener() -> socket.socket:
+    """In a network namespace just made: bring ``lo`` up, listen on ``127.0.0.1``, any port.
+
+    The job's one way out: its worker hands this socket to the host, whose proxy accepts on it
+    (``zett_agent.process._host._proxy``). Raises ``OSError``.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(probe, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+    finally:
+        probe.close()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def make_view(
+    scratch: str, writable: list[str], privileged: bool, network: bool = False
+) -> tuple[str | None, str]:
     """Give this process its own namespaces and a read-only view but for ``writable``.
 
     ``scratch`` is the job's working directory (entered again at the end); ``writable`` the
     paths that stay writable (the scratch directory first), each existing. ``privileged``:
     this process may make mount and IPC namespaces itself (root with ``CAP_SYS_ADMIN``);
-    otherwise a user namespace is made for them.
+    otherwise a user namespace is made for them. ``network``: a network namespace too (only
+    loopback, down until ``loopback_listener``).
 
     Returns ``(None, namespaces)`` when the view is in place, ``(why not, "")`` when not even
     the namespaces could be made (nothing changed: the caller denies what the view would have
@@ -129,7 +165,7 @@ def make_view(scratch: str, writable: list[str], privileged: bool) -> tuple[str 
     finished: the job must not run then.
     """
     try:
-        made = _unshare_namespaces(privileged)
+        made = _unshare_namespaces(privileged, network)
     except OSError as exc:
         return str(exc), ""
     _set_attr(_MountAttr(0, 0, _MS_PRIVATE, 0), "making the job's mounts private")

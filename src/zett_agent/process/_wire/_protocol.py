@@ -67,6 +67,8 @@ __all__ = [
 #: the descriptor a launcher finds its control socket at (the host puts it there)
 CONTROL_FD = 3
 HEADER = struct.Struct(">I")
+#: room for one descriptor's ancillary data (``recv_from`` with ``fds``)
+_ONE_FD = socket.CMSG_SPACE(4)
 
 #: largest JSON frame a worker may send: decoding one costs at most about a millisecond
 CHUNK = 1 << 15
@@ -128,15 +130,18 @@ class FrameDecoder:
             data = data[take:]
         self._buf += data
 
-    def recv_from(self, sock: socket.socket, size: int) -> int:
+    def recv_from(self, sock: socket.socket, size: int, fds: list[int] | None = None) -> int:
         """Receive up to ``size`` bytes once from ``sock``; return the count (0 at end of stream).
 
-        Raises what ``sock.recv`` raises (``BlockingIOError`` when nothing is ready).
+        With ``fds``, a descriptor sent along (``SCM_RIGHTS``, at most one per read: the kernel
+        drops what does not fit) is appended to it; without, the kernel drops every descriptor
+        sent, so none ever enters this process unasked. Raises what ``sock.recv`` raises
+        (``BlockingIOError`` when nothing is ready).
         """
         body = self._body
         if body is not None:
             with memoryview(body)[self._filled : self._filled + size] as window:
-                n = sock.recv_into(window)
+                n = self._recv(sock, window, len(window), fds)
             self._filled += n
             return n
         # into a scratch buffer, not ``sock.recv(size)``: that allocates ``size`` bytes per
@@ -145,8 +150,21 @@ class FrameDecoder:
         view: memoryview | None = getattr(_scratch, "view", None)
         if view is None or len(view) < size:
             view = _scratch.view = memoryview(bytearray(size))  # kept: made once per thread
-        n = sock.recv_into(view, size)
+        n = self._recv(sock, view, size, fds)
         self._buf += view[:n]
+        return n
+
+    @staticmethod
+    def _recv(sock: socket.socket, view: memoryview, size: int, fds: list[int] | None) -> int:
+        if fds is None:
+            return sock.recv_into(view, size)
+        n, ancillary, _flags, _address = sock.recvmsg_into([view[:size]], _ONE_FD)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(
+                    int.from_bytes(data[i : i + 4], sys.byteorder)
+                    for i in range(0, len(data) - 3, 4)
+                )
         return n
 
     @property

@@ -262,11 +262,19 @@ class RayRunner:
         Raises:
             TypeError: The spec cannot be shipped to Ray (the message names the part).
             ValueError: A limit Ray children cannot have (``max_processes``,
-                ``tree_memory_bytes``), or ``ProcessLimits.env``/``cwd`` with a sandbox.
+                ``tree_memory_bytes``), ``ProcessLimits.env``/``cwd`` with a sandbox, or a
+                sandbox with ``Egress`` (not supported on Ray).
             RuntimeError: The runner is closed.
         """
         options = self.placement.get(spec.definition.name, {})
         sandbox = check_sandbox(sandbox, "RayRunner.submit(sandbox=...)")
+        if sandbox is not None and sandbox.network_kind == "egress":
+            raise ValueError(
+                "Sandbox(network=Egress(...)) is not supported on Ray: the proxy a child's "
+                "connections go through runs in the host of its process pool, which a Ray "
+                "worker's is not. Use network='none' or 'all' on Ray, or run the child with "
+                "ProcessRunner"
+            )
         models: list[Any] | None = None
         brokered = spec.broker or sandbox is not None or relaying()
         try:
