@@ -39,7 +39,7 @@ from zett_agent._tracing._base import (
 from zett_agent._tracing._trace_models import note_model_call
 from zett_agent.models._anthropic_wire import MessageAccumulator, build_request
 from zett_agent.models._budget import paced
-from zett_agent.models._extras import sdk
+from zett_agent.models._extras import loaded, require
 from zett_agent.models._sdk_errors import Call, model_error
 from zett_agent.models._sdk_http import (
     NO_KEY,
@@ -101,7 +101,7 @@ class AnthropicModel:
         temperature: float | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        sdk("anthropic", "AnthropicModel")
+        require("anthropic", "AnthropicModel")
         if not model or not isinstance(model, str):
             raise ValueError(f"model must be a non-empty model name, got {model!r}")
         if not base_url.startswith(("http://", "https://")):
@@ -168,7 +168,7 @@ class AnthropicModel:
         Cancellation: closing the iterator or cancelling its consumer closes the response and
         the connection before the cancellation propagates.
         """
-        anthropic = sdk("anthropic", "AnthropicModel")
+        anthropic = await loaded("anthropic", "AnthropicModel")
         try:
             arguments = build_request(
                 self.model,

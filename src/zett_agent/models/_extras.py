@@ -1,17 +1,47 @@
-"""The SDK an adapter is built on: an optional extra, imported at construction or named to install.
+"""The SDK an adapter is built on: an optional extra, checked at construction, imported at a call.
 
-``sdk("openai", "OpenAIChatModel")`` returns the ``openai`` module, importing it on first use
-(so importing ``zett_agent.models`` and unpickling a model stay cheap), or raises
-``ImportError`` whose message is the exact command that installs the extra.
+``require("openai", "OpenAIChatModel")`` (at construction) checks the SDK is installed without
+importing it, so importing ``zett_agent``, building a model and unpickling one stay cheap (a
+brokered parent's model is built long before its first call, and a brokered child never calls
+it); ``await loaded("openai", "OpenAIChatModel")`` (at a model's first call) returns the module,
+importing it in a thread the first time, so the import (a few hundred milliseconds of Python) does
+not stall the event loop the call runs on. Each raises ``ImportError`` whose message is the exact
+command that installs the extra.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import importlib.util
 import sys
 from types import ModuleType
 
-__all__ = ["sdk"]
+__all__ = ["loaded", "require", "sdk"]
+
+
+def _missing(package: str, user: str) -> ImportError:
+    return ImportError(
+        f"{user} needs the official {package} SDK, an optional extra of zett-agent: "
+        f"pip install 'zett-agent[{package}]' (or: uv add 'zett-agent[{package}]')"
+    )
+
+
+def require(package: str, user: str) -> None:
+    """Raise ``ImportError`` naming the install command unless the SDK ``package`` is installed.
+
+    Imports nothing (``importlib.util.find_spec`` on the top-level package).
+    """
+    if package in sys.modules:
+        if sys.modules[package] is None:  # blocked: ``sys.modules[name] = None``
+            raise _missing(package, user)
+        return
+    try:
+        found = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise _missing(package, user)
 
 
 def sdk(package: str, user: str) -> ModuleType:
@@ -27,7 +57,12 @@ def sdk(package: str, user: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name != package:
             raise
-        raise ImportError(
-            f"{user} needs the official {package} SDK, an optional extra of zett-agent: "
-            f"pip install 'zett-agent[{package}]' (or: uv add 'zett-agent[{package}]')"
-        ) from None
+        raise _missing(package, user) from None
+
+
+async def loaded(package: str, user: str) -> ModuleType:
+    """``sdk(package, user)``, imported off the event loop the first time (in a thread)."""
+    module = sys.modules.get(package)
+    if module is not None:
+        return module
+    return await asyncio.to_thread(sdk, package, user)

@@ -33,7 +33,7 @@ from zett_agent._model import (
 from zett_agent._tracing._base import FINISH_REASONS, PROVIDER_OPENAI, RESPONSE_ID, RESPONSE_MODEL
 from zett_agent._tracing._trace_models import note_model_call
 from zett_agent.models._budget import paced
-from zett_agent.models._extras import sdk
+from zett_agent.models._extras import loaded, require
 from zett_agent.models._openai_wire import ResponseAccumulator, build_request
 from zett_agent.models._sdk_errors import Call, model_error, shorten
 from zett_agent.models._sdk_http import (
@@ -125,7 +125,7 @@ class OpenAIChatModel:
         max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        sdk("openai", "OpenAIChatModel")
+        require("openai", "OpenAIChatModel")
         if not model or not isinstance(model, str):
             raise ValueError(f"model must be a non-empty model name, got {model!r}")
         if not base_url.startswith(("http://", "https://")):
@@ -214,7 +214,7 @@ class OpenAIChatModel:
         ``contextlib.aclosing``), closes the HTTP response and the connection before the
         cancellation propagates; the server sees the client go away.
         """
-        openai = sdk("openai", "OpenAIChatModel")
+        openai = await loaded("openai", "OpenAIChatModel")
         try:
             arguments = build_request(
                 self.model,
