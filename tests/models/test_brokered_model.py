@@ -481,6 +481,34 @@ async def test_the_key_variables_are_wiped_from_a_brokered_childs_environment_an
     assert endpoint.headers and all(h["authorization"] == bearer for h in endpoint.headers)
 
 
+def _environment_and_pid(name: str) -> list[Any]:
+    return [os.environ.get(name), os.getpid()]
+
+
+async def test_a_brokered_childs_worker_runs_no_later_job_that_would_miss_the_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A brokered child unsets the key variables in its process for good, so its worker is
+    retired once it answered, even in a pool that reuses its workers: a later job in the same
+    one-worker pool (a child that calls its model itself, a plain job) still finds
+    ``$OPENAI_API_KEY``, in a process of its own."""
+    key = new_key()
+    monkeypatch.setenv("OPENAI_API_KEY", key)  # before the pool starts: its launcher inherits it
+    definition = SubAgentDefinition(
+        "pid", "a child", "You are the child.", model=FunctionModel(kids.pid_step),
+        tools=[kids.PID_TOOL],
+    )  # fmt: skip
+    async with ProcessPool(1, max_jobs_per_worker=100) as pool:
+        async with Recording([definition], runner=ProcessRunner(pool)) as extension:
+            answer = await run_parent(extension, "pid")
+        child_pid = json.loads(json.loads(answer)["content"])["pid"]
+        async with asyncio.timeout(HANG_GUARD):
+            seen, pid = await pool.submit(_environment_and_pid, "OPENAI_API_KEY")
+    assert only_task(extension).status is SubAgentTaskStatus.COMPLETED
+    assert seen == key, "a job after a brokered child lost the key its launcher holds"
+    assert pid != child_pid
+
+
 def _is_child(body: dict[str, Any]) -> bool:
     return body["messages"][0] == {"role": "system", "content": "You are the child."}
 

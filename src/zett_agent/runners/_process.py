@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import check_flag, check_int, check_names, check_seconds
 from zett_agent.process import JobStatus, PoolClosed, ProcessError, ProcessPool
-from zett_agent.process._host._job import set_event_filter
+from zett_agent.process._host._job import retire_worker, set_event_filter
 from zett_agent.runners._base import WrappedJob
 from zett_agent.runners._broker._standin import relaying as _relaying
 from zett_agent.runners._child import ChildSpec, run_child, run_pickled_child, unpicklable_part
@@ -412,6 +412,9 @@ class ProcessRunner:
                 "the child, inside the tool or the model), or define the class in an "
                 "importable module"
             ) from exc
+        if target is run_pickled_child:
+            # it unset its key variables for good: a later job in its worker may need them
+            retire_worker(job)
         broker = self.__serve(job, models) if models else None
         return ProcessChildJob(job, pool, self.kill_grace, broker)
 

@@ -8,7 +8,8 @@ child needs none of them (its parent makes its calls), so ``forget`` removes the
 before the child's code is unpickled: each variable is unset, and the bytes of its value (and of
 its ``NAME=value`` entry in the start-up block) are overwritten in this process's copy of the
 memory it shares with the launcher. The launcher keeps them (children that call their model
-themselves need them).
+themselves need them), and the runner retires the brokered child's worker once it has answered
+(``retire_worker``): no later job in that process finds its variables gone.
 
 ``key_variables(models)`` is the parent's side: the default variables, and the ones its
 brokered models name. Light: the standard library and ``ctypes``.
