@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,37 @@ def test_a_model_without_its_extra_fails_at_construction_with_the_install_comman
 
 def test_building_a_model_imports_neither_sdk_nor_an_http_client() -> None:
     assert run(BUILT) == []
+
+
+CONCURRENT_FIRST_CALLS = """
+import asyncio, sys
+sys.path.insert(0, {tests!r})
+from support.openai_chunks import HELLO, TEXT_STREAM
+from support.openai_loopback import LoopbackServer, Reply
+from zett_agent.models.openai import OpenAIChatModel
+
+async def one(model):
+    return "".join(e.text for e in [e async for e in model.stream(HELLO)][:-1])
+
+async def main():
+    async with LoopbackServer([Reply(chunks=TEXT_STREAM)] * 20) as server:
+        model = OpenAIChatModel("m", base_url=server.url)
+        assert "openai" not in sys.modules
+        print(sorted(set(await asyncio.gather(*(one(model) for _ in range(20))))))
+
+asyncio.run(main())
+"""
+
+
+def test_concurrent_first_calls_wait_for_the_sdk_import_to_finish() -> None:
+    """The first calls import the SDK in a thread; the others must not use it half built (a
+    partially initialised ``openai`` has no ``AsyncOpenAI`` yet)."""
+    tests = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", CONCURRENT_FIRST_CALLS.format(tests=tests)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "['Hello']"

@@ -19,6 +19,9 @@ from types import ModuleType
 
 __all__ = ["loaded", "require", "sdk"]
 
+#: the SDKs imported to the end, by package name
+_imported: dict[str, ModuleType] = {}
+
 
 def _missing(package: str, user: str) -> ImportError:
     return ImportError(
@@ -49,20 +52,24 @@ def sdk(package: str, user: str) -> ModuleType:
 
     Raises ``ImportError`` naming the install command when the SDK is not installed.
     """
-    module = sys.modules.get(package)
+    module = _imported.get(package)
     if module is not None:
         return module
     try:
-        return importlib.import_module(package)
+        # not sys.modules: a module another thread is still importing is there, half built;
+        # import_module waits for that import to finish
+        module = importlib.import_module(package)
     except ModuleNotFoundError as exc:
         if exc.name != package:
             raise
         raise _missing(package, user) from None
+    _imported[package] = module
+    return module
 
 
 async def loaded(package: str, user: str) -> ModuleType:
     """``sdk(package, user)``, imported off the event loop the first time (in a thread)."""
-    module = sys.modules.get(package)
+    module = _imported.get(package)
     if module is not None:
         return module
     return await asyncio.to_thread(sdk, package, user)
