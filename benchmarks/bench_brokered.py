@@ -38,6 +38,7 @@ from zett_agent.agent import Agent
 from zett_agent.extensions._subagent import ChildAgentExtension
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.model import Model, ModelEvent, ModelEventKind, ModelRequest, RetryOptions
+from zett_agent.models._extras import sdk
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.runners import ChildSpec, ProcessRunner
 
@@ -203,6 +204,9 @@ async def fan_out(children: int, deltas: int) -> dict[str, Any]:
 async def main(arguments: argparse.Namespace) -> None:
     print(f"command: uv run python benchmarks/bench_brokered.py {' '.join(sys.argv[1:])}")
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    # the parent's one-time import of the SDK (a brokered parent's first call does it, in a
+    # thread), out of the measurements
+    sdk("openai", "the benchmark")
     running = await bench_subagents.measure_running(
         arguments.children, arguments.repeats, ("process", "process, direct")
     )
