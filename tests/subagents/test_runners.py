@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from support.calls import call
-from support.children import WHOAMI, AnnounceAndBlock
+from support.children import LOADED, WHOAMI, AnnounceAndBlock
 from support.reaping import reap_adopted
 from support.scripted_models import StepModel
 from support.scripted_models import ToolsThenAnswer as ChildModel
@@ -140,14 +140,62 @@ async def test_an_explicit_preload_replaces_the_automatic_one(broker: bool) -> N
         assert runner.pool.preload == (*RUNTIME_MODULES, "json", *own)
 
 
-async def _one_request(extension: AsyncSubAgentExtension) -> None:
+async def test_entering_the_extension_boots_the_pool_before_any_request() -> None:
+    runner = ProcessRunner()
+    async with AsyncSubAgentExtension([definition(ChildModel("x"))], runner=runner):
+        booting = warming(runner)
+        assert booting is not None  # started by ``async with``, no agent yet
+        await booting
+        assert runner.pool is not None and runner.pool.preload[: len(RUNTIME_MODULES)] == (
+            RUNTIME_MODULES
+        )
+
+
+async def test_a_definition_without_a_model_waits_for_the_parents_model() -> None:
+    runner = ProcessRunner()
+    async with AsyncSubAgentExtension([definition(None)], runner=runner):
+        assert warming(runner) is None  # what the children import depends on it
+
+
+#: modules of the parent's side that a child never needs
+HOST_SIDE = (
+    "zett_agent.runners._process",
+    "zett_agent.process._host._pool",
+    "zett_agent.extensions._tasks._store",
+    "zett_agent.extensions._async_subagent",
+    "psutil",
+    "sqlite3",
+)
+
+
+async def test_a_child_imports_none_of_the_parents_side() -> None:
+    """A child (and its launcher, which it was forked from) holds the runtime, not the
+    runners', the engine's or the task store's host sides."""
+    model = ChildModel("{last}", [("loaded", {"names": ",".join(HOST_SIDE)})])
+    async with AsyncSubAgentExtension([definition(model, tools=[LOADED])]) as extension:
+        [task] = await _one_request(extension, start=True)
+        assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+        assert task.output == ""
+
+
+async def _one_request(extension: AsyncSubAgentExtension, *, start: bool = False) -> list[Any]:
+    """One request of a parent; with ``start``, it starts a child of ``w`` and reads its
+    report. Returns the session's tasks (as they were before its agent closed)."""
+    steps: list[Any] = [AssistantMessage("idle")]
+    if start:
+        steps = [
+            call("task_start", subagent_type="w", description="d", prompt="p"),
+            call("task_output", task_id="task-1", wait_seconds=HANG_GUARD),
+            *steps,
+        ]
     client = await create_agent(
-        StepModel([AssistantMessage("idle")]),
+        StepModel(steps),
         config=AgentRunConfig(session_id="s"),
         extensions=[extension],
     )
     async with client, asyncio.timeout(HANG_GUARD):
         await client.run("go")
+        return list(extension.tasks("s"))
 
 
 # -- failure reasons keep their cause ----------------------------------------------------------

@@ -131,6 +131,12 @@ def _whoami() -> str:
     return str(os.getpid())
 
 
+def _loaded(names: str) -> str:
+    import sys
+
+    return ",".join(name for name in names.split(",") if name in sys.modules)
+
+
 def _report_progress() -> str:
     from zett_agent.process import emit
 
@@ -198,6 +204,8 @@ BURN = AgentTool("burn", "Burn CPU.", schema(seconds="number"), burn)
 #: burns CPU and answers when it started and ended (wall clock), as JSON
 BURN_TIMED = AgentTool("burn", "Burn CPU, say when.", schema(seconds="number"), _burn_timed)
 WHOAMI = AgentTool("whoami", "Return the pid.", schema(), _whoami)
+#: answers which of the comma-separated module ``names`` the child's process has imported
+LOADED = AgentTool("loaded", "Say which modules are imported.", schema(names="string"), _loaded)
 #: reports progress 2 of 3, then progress reports of every wrong shape
 PROGRESS = AgentTool("progress", "Report progress.", schema(), _report_progress)
 #: waits for the test's FIFO ``path`` in the child's event loop (the child reads messages

@@ -438,6 +438,15 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             await self.__registry.close_store()
 
     async def __aenter__(self) -> AsyncSubAgentExtension:
+        """Enter: the runner's pool starts booting now, in the background.
+
+        When every definition has a model of its own, nothing the children import depends on
+        the parent's model, so the pool (the launcher importing the child runtime and those
+        modules) boots while the program goes on, and the first ``task_start`` finds it ready
+        or nearly. Otherwise it boots at the first request, as without ``async with``.
+        """
+        if all(definition.model is not None for definition in self.subagents):
+            child_core(self).warm_up(self, None)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

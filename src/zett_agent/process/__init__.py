@@ -42,24 +42,54 @@ Linux 5.3 or newer (pidfds); cgroup containment needs a writable cgroup v2 hiera
 
 from __future__ import annotations
 
-from ._child._worker import emit
-from ._errors import (
-    JobCancelled,
-    JobFailed,
-    JobTimeout,
-    LimitExceeded,
-    PoolClosed,
-    ProcessError,
-    ProtocolError,
-    WorkerCrashed,
-)
-from ._host._executor import PoolExecutor
-from ._host._job import JobStatus, JobUsage, ProcessJob
-from ._host._pool import ProcessPool
-from ._host._process_executor import ProcessPoolExecutor
-from ._limits import ProcessLimits
-from ._sandbox._egress import Egress
-from ._sandbox._options import Sandbox, SandboxUnavailable, sandbox_support
+from typing import TYPE_CHECKING
+
+from zett_agent._lazy import lazy_names as _lazy_names
+
+if TYPE_CHECKING:
+    from ._child._worker import emit
+    from ._errors import (
+        JobCancelled,
+        JobFailed,
+        JobTimeout,
+        LimitExceeded,
+        PoolClosed,
+        ProcessError,
+        ProtocolError,
+        WorkerCrashed,
+    )
+    from ._host._executor import PoolExecutor
+    from ._host._job import JobStatus, JobUsage, ProcessJob
+    from ._host._pool import ProcessPool
+    from ._host._process_executor import ProcessPoolExecutor
+    from ._limits import ProcessLimits
+    from ._sandbox._egress import Egress
+    from ._sandbox._options import Sandbox, SandboxUnavailable, sandbox_support
+
+#: public name -> the module it lives in (imported on first access: the launcher and the
+#: workers import this package's child side only, never the host's engine)
+_HOMES: dict[str, str] = {
+    "Egress": "zett_agent.process._sandbox._egress",
+    "JobCancelled": "zett_agent.process._errors",
+    "JobFailed": "zett_agent.process._errors",
+    "JobStatus": "zett_agent.process._host._job",
+    "JobTimeout": "zett_agent.process._errors",
+    "JobUsage": "zett_agent.process._host._job",
+    "LimitExceeded": "zett_agent.process._errors",
+    "PoolClosed": "zett_agent.process._errors",
+    "PoolExecutor": "zett_agent.process._host._executor",
+    "ProcessError": "zett_agent.process._errors",
+    "ProcessJob": "zett_agent.process._host._job",
+    "ProcessLimits": "zett_agent.process._limits",
+    "ProcessPool": "zett_agent.process._host._pool",
+    "ProcessPoolExecutor": "zett_agent.process._host._process_executor",
+    "ProtocolError": "zett_agent.process._errors",
+    "Sandbox": "zett_agent.process._sandbox._options",
+    "SandboxUnavailable": "zett_agent.process._sandbox._options",
+    "WorkerCrashed": "zett_agent.process._errors",
+    "emit": "zett_agent.process._child._worker",
+    "sandbox_support": "zett_agent.process._sandbox._options",
+}
 
 __all__ = [
     "Egress",
@@ -83,3 +113,5 @@ __all__ = [
     "emit",
     "sandbox_support",
 ]
+
+__getattr__, __dir__ = _lazy_names(__name__, _HOMES, globals())

@@ -25,10 +25,30 @@ emit)`` there. ``unpicklable_part(spec)`` names what could not be shipped.
 
 from __future__ import annotations
 
-from zett_agent.runners._base import ChildJob, ChildRunner
-from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
-from zett_agent.runners._inprocess import InProcessJob, InProcessRunner
-from zett_agent.runners._process import DEFAULT_MAX_CHILDREN, ProcessChildJob, ProcessRunner
+from typing import TYPE_CHECKING
+
+from zett_agent._lazy import lazy_names as _lazy_names
+
+if TYPE_CHECKING:
+    from zett_agent.runners._base import ChildJob, ChildRunner
+    from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
+    from zett_agent.runners._inprocess import InProcessJob, InProcessRunner
+    from zett_agent.runners._process import DEFAULT_MAX_CHILDREN, ProcessChildJob, ProcessRunner
+
+#: public name -> the module it lives in (imported on first access: a child imports
+#: ``runners._child`` without the runners' host sides, their engine and its dependencies)
+_HOMES: dict[str, str] = {
+    "ChildJob": "zett_agent.runners._base",
+    "ChildRunner": "zett_agent.runners._base",
+    "ChildSpec": "zett_agent.runners._child",
+    "DEFAULT_MAX_CHILDREN": "zett_agent.runners._process",
+    "InProcessJob": "zett_agent.runners._inprocess",
+    "InProcessRunner": "zett_agent.runners._inprocess",
+    "ProcessChildJob": "zett_agent.runners._process",
+    "ProcessRunner": "zett_agent.runners._process",
+    "run_child": "zett_agent.runners._child",
+    "unpicklable_part": "zett_agent.runners._child",
+}
 
 __all__ = [
     "DEFAULT_MAX_CHILDREN",
@@ -42,3 +62,5 @@ __all__ = [
     "run_child",
     "unpicklable_part",
 ]
+
+__getattr__, __dir__ = _lazy_names(__name__, _HOMES, globals())

@@ -16,8 +16,7 @@ RUNTIME_MODULES: tuple[str, ...] = (
     "zett_agent.runners._child",
     "zett_agent._tracing._span_record",  # a traced child records its spans with it
     "zett_agent.extensions._file_tools",
-    "zett_agent.extensions._subagent",
-    "zett_agent.extensions._async_subagent",
+    "zett_agent.extensions._child_build",
 )
 
 
