@@ -291,6 +291,8 @@ async def test_api_key_comes_from_the_named_environment_variable_at_request_time
         await collect(model.stream(HELLO))
         monkeypatch.setenv("MY_KEY", "")
         await collect(model.stream(HELLO))
+        assert model._clients.count() == 1  # one client: the key is read and sent per call
+        await model.aclose()
 
     assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
     assert "authorization" not in server.requests[1].headers

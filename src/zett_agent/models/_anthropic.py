@@ -17,6 +17,7 @@ and a brokered child holds a keyless stand-in while the parent makes its calls.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -40,12 +41,17 @@ from zett_agent._tracing._trace_models import note_model_call
 from zett_agent.models._anthropic_wire import MessageAccumulator, build_request
 from zett_agent.models._budget import paced
 from zett_agent.models._extras import loaded, require
+from zett_agent.models._sdk_clients import LoopClients
 from zett_agent.models._sdk_errors import Call, model_error
 from zett_agent.models._sdk_http import (
     NO_KEY,
+    PROXY_VARIABLES,
+    KeyedClient,
     check_key,
     close_quietly,
     http_client,
+    key_headers,
+    post_stream,
     server_attributes,
 )
 
@@ -130,6 +136,7 @@ class AnthropicModel:
         self.temperature = temperature
         self.extra_body: dict[str, Any] = body
         self._api_key = api_key
+        self._clients = LoopClients()
         if self._needs_key() and self._resolve_key() is None:
             raise ValueError(self._missing_key_message())
 
@@ -147,8 +154,35 @@ class AnthropicModel:
         key = "set" if self._api_key is not None else f"${self.api_key_env}"
         return f"AnthropicModel({self.model!r}, base_url={self.base_url!r}, api_key={key})"
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_clients", LoopClients())  # pickled by an older version
+        self.__dict__.update(state)
+
     async def aclose(self) -> None:
-        """Release what the model holds (nothing outlives a stream). Idempotent."""
+        """Close the SDK client of this event loop and its idle connections. Idempotent.
+
+        The model stays usable (a later ``stream()`` builds a new client); clients on other
+        event loops close when their loop shuts down.
+        """
+        await self._clients.aclose()
+
+    def _client_config(self) -> tuple[Any, ...]:
+        """What this model's client is built from, read at every call (a change: a new client)."""
+        return (self.base_url, self.timeout, *map(os.environ.get, PROXY_VARIABLES))
+
+    def _new_client(self, anthropic: Any) -> KeyedClient:
+        """A new SDK client (with the placeholder key) and where it puts the key."""
+        client = anthropic.AsyncAnthropic(
+            api_key=NO_KEY,
+            auth_token=None,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,  # one retry policy: the runtime's (RetryOptions)
+            http_client=http_client(
+                anthropic.DefaultAsyncHttpxClient, timeout=self.timeout, json_as_event=False
+            ),
+        )
+        return KeyedClient.of(client)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """Stream one message: text deltas as they arrive, then one completed event.
@@ -170,7 +204,7 @@ class AnthropicModel:
         """
         anthropic = await loaded("anthropic", "AnthropicModel")
         try:
-            arguments = build_request(
+            body = build_request(
                 self.model,
                 request,
                 max_tokens=self.max_tokens,
@@ -192,24 +226,15 @@ class AnthropicModel:
                 raise ModelError(str(exc)) from None
         call = Call(self.url, self.model, self.api_key_env, bool(key), self.timeout, self.deadline)
         deadline = asyncio.get_running_loop().time() + self.deadline
-        client: Any = None
         stream: Any = None
         try:
-            client = anthropic.AsyncAnthropic(
-                api_key=key or NO_KEY,
-                auth_token=None,
-                base_url=self.base_url,
-                timeout=self.timeout,
-                max_retries=0,  # one retry policy: the runtime's (RetryOptions)
-                http_client=http_client(
-                    anthropic.DefaultAsyncHttpxClient,
-                    timeout=self.timeout,
-                    json_as_event=False,
-                    key_headers=() if key else ("x-api-key", "authorization"),
-                ),
+            client = await self._clients.get(
+                self._client_config(), functools.partial(self._new_client, anthropic)
             )
             async with asyncio.timeout_at(deadline):
-                stream = await client.messages.create(**arguments)
+                stream = await post_stream(
+                    anthropic, client.sdk, "/v1/messages", body, key_headers(client.places, key)
+                )
             accumulator = MessageAccumulator()
             async for event in paced(stream, deadline):
                 text = accumulator.add_event(event)
@@ -228,7 +253,7 @@ class AnthropicModel:
                 raise
             raise error from exc
         finally:
-            await close_quietly(stream, client)
+            await close_quietly(stream)
         yield ModelEvent.completed(final)
 
     def _resolve_key(self) -> str | None:

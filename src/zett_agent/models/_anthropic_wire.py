@@ -1,10 +1,11 @@
 """Anthropic's Messages API as the runtime speaks it: request messages and tools, streamed events.
 
-Pure functions and one small state machine, no I/O: ``build_request`` makes the arguments of
-``messages.create`` from a ``ModelRequest``; ``MessageAccumulator`` builds the ``ModelResponse``
-from the raw stream events the SDK hands out (``message_start``, ``content_block_start``,
-``content_block_delta``, ``content_block_stop``, ``message_delta``, ``message_stop``), read
-defensively: the SDK builds them without validation, so a field may hold anything a server sent.
+Pure functions and one small state machine, no I/O: ``build_request`` makes the JSON body of a
+streamed ``POST /v1/messages`` from a ``ModelRequest``; ``MessageAccumulator`` builds the
+``ModelResponse`` from the raw stream events the SDK hands out (``message_start``,
+``content_block_start``, ``content_block_delta``, ``content_block_stop``, ``message_delta``,
+``message_stop``), read defensively: they are JSON values as a server sent them, so a field may
+hold anything.
 
 How the runtime's messages map: the system prompt is ``system``; a user message, and a message
 the runtime adds (``AgentMessage``), is user text; an assistant message is its text block and a
@@ -93,12 +94,17 @@ def build_request(
     temperature: float | None,
     extra_body: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The keyword arguments of one streamed ``messages.create`` call.
+    """The JSON body of one streamed ``POST /v1/messages``.
 
-    ``extra_body`` is merged into the JSON body last. Raises ``TypeError`` or ``ValueError`` for
-    a request JSON cannot hold.
+    ``extra_body`` is merged into it last. Raises ``TypeError`` or ``ValueError`` for a request
+    JSON cannot hold.
     """
-    body: dict[str, Any] = {"messages": _turns(request)}
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "messages": _turns(request),
+    }
     if request.system_prompt:
         body["system"] = request.system_prompt
     if request.tools:
@@ -113,15 +119,8 @@ def build_request(
     if temperature is not None:
         body["temperature"] = temperature
     body = valid_payload(body)
-    # Only what every SDK version takes as an argument; the rest goes in the JSON body as is
-    # (an SDK's signature of the optional fields changes between versions; the API does not).
-    return {
-        "model": model,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "messages": body.pop("messages"),
-        "extra_body": {**body, **extra_body},
-    }
+    body.update(extra_body)
+    return body
 
 
 @dataclass

@@ -17,6 +17,7 @@ never sleeps or retries itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -35,12 +36,17 @@ from zett_agent._tracing._trace_models import note_model_call
 from zett_agent.models._budget import paced
 from zett_agent.models._extras import loaded, require
 from zett_agent.models._openai_wire import ResponseAccumulator, build_request
+from zett_agent.models._sdk_clients import LoopClients
 from zett_agent.models._sdk_errors import Call, model_error, shorten
 from zett_agent.models._sdk_http import (
     NO_KEY,
+    PROXY_VARIABLES,
+    KeyedClient,
     check_key,
     close_quietly,
     http_client,
+    key_headers,
+    post_stream,
     server_attributes,
 )
 
@@ -152,6 +158,7 @@ class OpenAIChatModel:
         self.max_tokens = max_tokens
         self.extra_body: dict[str, Any] = body
         self._api_key = api_key
+        self._clients = LoopClients()
         if self._needs_key() and self._resolve_key() is None:
             raise ValueError(self._missing_key_message())
 
@@ -176,15 +183,33 @@ class OpenAIChatModel:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("deadline", 600.0)
         state.pop("_ssl_context", None)  # pickled by an older version
+        state.setdefault("_clients", LoopClients())  # pickled by an older version
         self.__dict__.update(state)
 
     async def aclose(self) -> None:
-        """Release what the model holds. Idempotent.
+        """Close the SDK client of this event loop and its idle connections. Idempotent.
 
-        Every ``stream()`` owns its client and connection and closes them when it ends, so
-        nothing outlives a stream; this exists so callers can treat the model as a closeable
-        resource.
+        The model stays usable: a later ``stream()`` builds a new client. Clients on other
+        event loops close when their loop shuts down (``_sdk_clients``).
         """
+        await self._clients.aclose()
+
+    def _client_config(self) -> tuple[Any, ...]:
+        """What this model's client is built from, read at every call (a change: a new client)."""
+        return (self.base_url, self.timeout, *map(os.environ.get, PROXY_VARIABLES))
+
+    def _new_client(self, openai: Any) -> KeyedClient:
+        """A new SDK client (with the placeholder key) and where it puts the key."""
+        client = openai.AsyncOpenAI(
+            api_key=NO_KEY,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,  # one retry policy: the runtime's (RetryOptions)
+            http_client=http_client(
+                openai.DefaultAsyncHttpxClient, timeout=self.timeout, json_as_event=True
+            ),
+        )
+        return KeyedClient.of(client)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """Stream one completion: text deltas as they arrive, then one completed event.
@@ -216,7 +241,7 @@ class OpenAIChatModel:
         """
         openai = await loaded("openai", "OpenAIChatModel")
         try:
-            arguments = build_request(
+            body = build_request(
                 self.model,
                 request,
                 temperature=self.temperature,
@@ -239,23 +264,15 @@ class OpenAIChatModel:
         call = Call(self.url, self.model, self.api_key_env, bool(key), self.timeout, self.deadline)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline
-        client: Any = None
         stream: Any = None
         try:
-            client = openai.AsyncOpenAI(
-                api_key=key or NO_KEY,
-                base_url=self.base_url,
-                timeout=self.timeout,
-                max_retries=0,  # one retry policy: the runtime's (RetryOptions)
-                http_client=http_client(
-                    openai.DefaultAsyncHttpxClient,
-                    timeout=self.timeout,
-                    json_as_event=True,
-                    key_headers=() if key else ("authorization",),
-                ),
+            client = await self._clients.get(
+                self._client_config(), functools.partial(self._new_client, openai)
             )
             async with asyncio.timeout_at(deadline):
-                stream = await client.chat.completions.create(**arguments)
+                stream = await post_stream(
+                    openai, client.sdk, "/chat/completions", body, key_headers(client.places, key)
+                )
             accumulator = ResponseAccumulator()
             async for chunk in paced(stream, deadline):
                 text = accumulator.add_chunk(chunk)
@@ -275,7 +292,7 @@ class OpenAIChatModel:
                 raise
             raise error from exc
         finally:
-            await close_quietly(stream, client)
+            await close_quietly(stream)
         yield ModelEvent.completed(final)
 
     def _resolve_key(self) -> str | None:

@@ -1,9 +1,9 @@
 r"""Chat Completions as the runtime speaks it: request messages and tools, streamed chunks.
 
-Pure functions and one small state machine, no I/O: ``build_request`` makes the arguments of
-``chat.completions.create`` from a ``ModelRequest``; ``ResponseAccumulator`` builds the
-``ModelResponse`` from the chunks the SDK streams (its typed objects, read defensively: the SDK
-builds them without validation, so a field may hold anything the server sent).
+Pure functions and one small state machine, no I/O: ``build_request`` makes the JSON body of a
+streamed ``POST /chat/completions`` from a ``ModelRequest``; ``ResponseAccumulator`` builds the
+``ModelResponse`` from the chunks the SDK streams (JSON values as the server sent them, read
+defensively: a field may hold anything).
 
 Text crosses this module only as valid Unicode a UTF-8 encoder takes: a lone surrogate in a
 request (``"\\ud800"`` in a message, a tool result, a system prompt, a tool description) is sent
@@ -150,16 +150,21 @@ def build_request(
     max_tokens: int | None,
     extra_body: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The keyword arguments of one streamed ``chat.completions.create`` call.
+    """The JSON body of one streamed ``POST /chat/completions``.
 
-    ``extra_body`` is merged into the JSON body last, so it can add provider-specific fields or
-    override ours. Raises ``TypeError`` or ``ValueError`` for a request JSON cannot hold.
+    ``extra_body`` is merged into it last, so it can add provider-specific fields or override
+    ours. Raises ``TypeError`` or ``ValueError`` for a request JSON cannot hold.
     """
     messages: list[dict[str, Any]] = []
     if request.system_prompt:
         messages.append({"role": "system", "content": request.system_prompt})
     messages.extend(encode_message(message) for message in request.messages)
-    body: dict[str, Any] = {"messages": messages}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if request.tools:
         body["tools"] = encode_tools(request.tools)
     if temperature is not None:
@@ -167,14 +172,8 @@ def build_request(
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     body = valid_payload(body)
-    # Only what every SDK version takes as an argument; the rest goes in the JSON body as is.
-    return {
-        "model": model,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": body.pop("messages"),
-        "extra_body": {**body, **extra_body},
-    }
+    body.update(extra_body)
+    return body
 
 
 @dataclass
