@@ -81,7 +81,9 @@ class AnthropicModel:
         extra_body: extra JSON fields merged into every request body last (``{"thinking":
             {...}}``, ``{"top_k": 5}``...).
 
-    Configuration only: pickles, and every ``stream()`` builds and closes its own client.
+    Pickles without its SDK clients. It keeps one per event loop and configuration and reuses
+    it across calls (the key is sent per call); ``aclose()`` closes the running loop's, the
+    others close with their loop (as ``OpenAIChatModel``).
 
     Raises ``ImportError`` naming the install command when the ``anthropic`` extra is missing,
     ``ValueError`` for an unusable argument, or when aimed at the Anthropic API with no key.

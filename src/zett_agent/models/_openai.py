@@ -81,8 +81,11 @@ class OpenAIChatModel:
             options such as ``{"top_p": 0.9}`` or ``{"max_completion_tokens": 512}``).
 
     The object holds configuration only, so it pickles with ``pickle`` and ``cloudpickle`` and can
-    be shipped to child processes; every ``stream()`` call builds (and closes) its own SDK client
-    and connection in whatever event loop it runs in.
+    be shipped to child processes (its SDK clients stay behind). It keeps one SDK client per event
+    loop and configuration (``base_url``, ``timeout``, the proxy variables) and reuses it and its
+    idle connections across calls; the key is read and sent per call. ``aclose()`` closes the
+    client of the running loop; the others close when their loop shuts down
+    (``zett_agent.models._sdk_clients``).
 
     Raises ``ImportError`` naming the install command when the ``openai`` extra is missing,
     ``ValueError`` for an unusable argument (empty model name, a base URL that is not http(s), a
@@ -93,7 +96,8 @@ class OpenAIChatModel:
     HTTP: ``https://`` certificates are verified against certifi's CA bundle, or
     ``$SSL_CERT_FILE`` / ``$SSL_CERT_DIR`` when set (read once per process). Proxies come from
     the environment (``$HTTPS_PROXY``, ``$HTTP_PROXY``, ``$ALL_PROXY``, ``$NO_PROXY``) as the
-    SDK's HTTP library reads them. Redirects are not followed; a compressed body is refused.
+    SDK's HTTP library reads them (a change of one builds a new client). Redirects are not
+    followed; a compressed body is refused.
 
     Bounds, so a hostile or broken server can make the adapter (in the parent, for every brokered
     child) neither hold much nor spin: an answer at most 64 MiB of body as received (every byte
