@@ -6,9 +6,14 @@ import asyncio
 import gc
 import os
 import pickle
+import ssl
+import threading
+
+import pytest
 
 from support.openai_chunks import HELLO, TEXT_STREAM
 from support.openai_loopback import LoopbackServer, Reply, collect
+from zett_agent.models import _sdk_http
 from zett_agent.models._sdk_clients import LoopClients
 from zett_agent.models.openai import OpenAIChatModel
 
@@ -155,3 +160,21 @@ async def test_a_changed_base_url_gets_a_client_of_its_own() -> None:
 
 def _unexpected() -> FakeClient:
     raise AssertionError("the model built a second client for the same configuration")
+
+
+async def test_the_tls_context_is_built_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the CA bundle takes tens of milliseconds: a first call does it in a thread."""
+    monkeypatch.setattr(_sdk_http, "_context", None)
+    built_in: list[int] = []
+    real = _sdk_http.tls_context
+
+    def recorded() -> ssl.SSLContext:
+        built_in.append(threading.get_ident())
+        return real()
+
+    monkeypatch.setattr(_sdk_http, "tls_context", recorded)
+    async with LoopbackServer([Reply(chunks=TEXT_STREAM)]) as server:
+        model = OpenAIChatModel("m", base_url=server.url, timeout=HANG_GUARD)
+        await collect(model.stream(HELLO))
+        await model.aclose()
+    assert built_in and built_in[0] != threading.get_ident()

@@ -53,6 +53,7 @@ from zett_agent.models._sdk_http import (
     key_headers,
     post_stream,
     server_attributes,
+    tls_context_ready,
 )
 
 __all__ = ["AnthropicModel"]  # re-exported by zett_agent.models.anthropic
@@ -230,6 +231,7 @@ class AnthropicModel:
         deadline = asyncio.get_running_loop().time() + self.deadline
         stream: Any = None
         try:
+            await tls_context_ready()
             client = await self._clients.get(
                 self._client_config(), functools.partial(self._new_client, anthropic)
             )

@@ -48,6 +48,7 @@ from zett_agent.models._sdk_http import (
     key_headers,
     post_stream,
     server_attributes,
+    tls_context_ready,
 )
 
 __all__ = ["OpenAIChatModel"]  # re-exported by zett_agent.models.openai
@@ -270,6 +271,7 @@ class OpenAIChatModel:
         deadline = loop.time() + self.deadline
         stream: Any = None
         try:
+            await tls_context_ready()
             client = await self._clients.get(
                 self._client_config(), functools.partial(self._new_client, openai)
             )

@@ -26,6 +26,7 @@ than the rest of a call together).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import ssl
@@ -51,6 +52,7 @@ __all__ = [
     "post_stream",
     "server_attributes",
     "tls_context",
+    "tls_context_ready",
 ]
 
 #: the key an SDK client is built with: each request puts the call's key in its place
@@ -99,6 +101,16 @@ def tls_context() -> ssl.SSLContext:
             raise OSError(f"{where} could not be loaded: {exc}") from exc
         _context = context
     return _context
+
+
+async def tls_context_ready() -> None:
+    """Build the process's TLS context off the event loop the first time (in a thread).
+
+    Loading a CA bundle takes tens of milliseconds, more on a busy machine: a brokering
+    parent's first call must not stall its loop for that. Raises what ``tls_context`` raises.
+    """
+    if _context is None:
+        await asyncio.to_thread(tls_context)
 
 
 def http_client(factory: Callable[..., Any], *, timeout: float, json_as_event: bool) -> Any:
