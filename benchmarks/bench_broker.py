@@ -4,12 +4,14 @@
 
 A child agent on ``OpenAIChatModel`` makes ``N`` model calls (a tool call each, then a last
 answer) against an OpenAI-compatible endpoint on loopback that answers at once. In the direct
-runs the child calls the endpoint itself (``ProcessRunner()``); in the brokered runs it holds a
-keyless stand-in and the parent makes each call (``ProcessRunner(broker=True)``): the request
+runs the child calls the endpoint itself (``ProcessRunner(broker=False)``); in the brokered runs
+(the default, ``ProcessRunner()``) it holds a keyless stand-in and the parent makes each call: the
+request
 goes over the child's channel to the parent, the parent sends it with the key, and the events
 stream back through ``ProcessJob.send``. Each call is timed inside the child, around the
-model's ``stream()`` (first byte of the request to the completed event), so the numbers are the
-model call alone, not the agent's turn. The two kinds of run alternate, ``R`` rounds each.
+model's ``stream()`` (from the call to its first event, the time to first token, and to the
+completed event), so the numbers are the model call alone, not the agent's turn. The two kinds
+of run alternate, ``R`` rounds each.
 """
 
 from __future__ import annotations
@@ -51,9 +53,13 @@ class TimedModel:
         from zett_agent.process import emit
 
         started = time.perf_counter()
+        first = None
         async for event in self.inner.stream(request):
+            if first is None:
+                first = time.perf_counter() - started
             if event.kind is ModelEventKind.COMPLETED:
-                emit({"kind": "call_seconds", "seconds": time.perf_counter() - started})
+                seconds = time.perf_counter() - started
+                emit({"kind": "call_seconds", "seconds": seconds, "first": first})
             yield event
 
 
@@ -124,12 +130,15 @@ class Endpoint:
         writer.close()
 
 
-async def one_child(runner: ProcessRunner, model: Model, calls: int) -> list[float]:
+async def one_child(runner: ProcessRunner, model: Model, calls: int) -> list[tuple[float, float]]:
+    """Run one timed child; each of its calls' (seconds to the first event, to the last)."""
     definition = SubAgentDefinition(
         "timed", "a timed child", "You call noop.", model=model, tools=[noop], max_turns=calls
     )
     job = await runner.submit(ChildSpec(definition, model, "bench/1", "go", Timed))
-    seconds = [e["seconds"] async for e in job.events() if e.get("kind") == "call_seconds"]
+    seconds = [
+        (e["first"], e["seconds"]) async for e in job.events() if e.get("kind") == "call_seconds"
+    ]
     await job.wait()
     if job.exception() is not None:
         raise RuntimeError(f"the child failed: {job.exception()}")
@@ -141,9 +150,12 @@ def _ms(values: list[float], q: float) -> float:
     return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main(calls: int, rounds: int) -> None:
+async def measure(calls: int, rounds: int) -> dict[str, Any]:
+    """Per kind (``direct``, ``brokered``): each call's seconds (``calls``), its seconds to the
+    first event (``first``), and the parent's CPU milliseconds per call (``cpu_ms``)."""
     key = "sk-bench-" + os.urandom(8).hex()
     results: dict[str, list[float]] = {"direct": [], "brokered": []}
+    firsts: dict[str, list[float]] = {"direct": [], "brokered": []}
     #: CPU seconds this process (the parent) spent, and model calls made, per kind
     cpu = {"direct": 0.0, "brokered": 0.0}
     made = {"direct": 0, "brokered": 0}
@@ -152,7 +164,7 @@ async def main(calls: int, rounds: int) -> None:
     )
     assert endpoint.stdin is not None and endpoint.stdout is not None
     port = int(await endpoint.stdout.readline())
-    async with ProcessRunner() as direct, ProcessRunner(broker=True) as brokered:
+    async with ProcessRunner(broker=False) as direct, ProcessRunner() as brokered:
         model = OpenAIChatModel("bench", base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
         # warm both pools and code paths once, unmeasured
         await one_child(direct, model, calls)
@@ -164,11 +176,22 @@ async def main(calls: int, rounds: int) -> None:
                 seconds = await one_child(runner, model, calls)
                 cpu[name] += time.process_time() - before
                 made[name] += len(seconds)
-                results[name] += seconds[1:]
+                results[name] += [total for _, total in seconds[1:]]
+                firsts[name] += [first for first, _ in seconds[1:]]
     endpoint.stdin.close()
     keys = json.loads(await endpoint.stdout.readline())
     await endpoint.wait()
     assert keys == [f"bearer {key}"], keys  # the endpoint saw the key, from both kinds of run
+    per_call = {name: 1000 * cpu[name] / made[name] for name in cpu}
+    return {
+        name: {"calls": results[name], "first": firsts[name], "cpu_ms": per_call[name]}
+        for name in results
+    }
+
+
+async def main(calls: int, rounds: int) -> None:
+    measured = await measure(calls, rounds)
+    results = {name: measured[name]["calls"] for name in measured}
     direct_p50, broker_p50 = _ms(results["direct"], 0.5), _ms(results["brokered"], 0.5)
     print(
         f"one model call of a child ({calls} calls per child, {rounds} rounds, "
@@ -184,7 +207,12 @@ async def main(calls: int, rounds: int) -> None:
         f"  brokering adds        {broker_p50 - direct_p50:9.3f}  ms at p50 "
         f"({broker_p50 / direct_p50:.2f}x the direct call)"
     )
-    per_call = {name: 1000 * cpu[name] / made[name] for name in cpu}
+    first = {name: _ms(measured[name]["first"], 0.5) for name in measured}
+    print(
+        f"  time to first event   direct {first['direct']:.3f} ms, brokered "
+        f"{first['brokered']:.3f} ms at p50 (+{first['brokered'] - first['direct']:.3f} ms)"
+    )
+    per_call = {name: measured[name]["cpu_ms"] for name in measured}
     print(
         f"  parent CPU per call   direct {per_call['direct']:.3f} ms (supervision), brokered "
         f"{per_call['brokered']:.3f} ms (+{per_call['brokered'] - per_call['direct']:.3f} ms)"

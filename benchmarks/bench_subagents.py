@@ -847,15 +847,19 @@ def uss_mib(pid: int) -> float:
     return float(psutil.Process(pid).memory_full_info().uss) / 2**20
 
 
-async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+async def measure_running(
+    n: int,
+    repeats: int,
+    variants: Sequence[str] = ("process", "process, no preload", "in-process"),
+) -> dict[str, dict[str, list[float]]]:
     """``n`` children whose model is ``OpenAIChatModel`` start in one parent turn; each then
     waits on the endpoint. Time from the turn's start until the endpoint received all ``n``
-    requests, and unique memory (USS) per running child."""
+    requests, and unique memory (USS) per running child. ``process`` children are brokered (the
+    default); ``process, direct`` ones call the endpoint themselves (``broker=False``)."""
     from zett_agent.models.openai import OpenAIChatModel
     from zett_agent.runners import ProcessRunner
 
     loop = asyncio.get_running_loop()
-    variants = ("process", "process, no preload", "in-process")
     results: dict[str, dict[str, list[float]]] = {v: {"time": [], "uss": []} for v in variants}
     arrivals: asyncio.Queue[float] = asyncio.Queue()
     endpoint = HoldingEndpoint(arrivals, loop)
@@ -865,12 +869,14 @@ async def measure_running(n: int, repeats: int) -> dict[str, dict[str, list[floa
         )
         remote = profile("remote", model)
         for repeat in range(repeats):
-            for variant in variants[repeat % 3 :] + variants[: repeat % 3]:
+            turn_ = repeat % len(variants)
+            for variant in (*variants[turn_:], *variants[:turn_]):
                 if variant == "in-process":
                     extension = make_extension("in-process", [remote], max_concurrent=n)
                 else:
-                    preload = None if variant == "process" else ()
-                    runner = ProcessRunner(max_children=n, preload=preload)
+                    preload = () if variant == "process, no preload" else None
+                    broker = variant != "process, direct"
+                    runner = ProcessRunner(max_children=n, preload=preload, broker=broker)
                     extension = AsyncSubAgentExtension([remote], max_concurrent=n, runner=runner)
                 async with extension:
                     # a request with no task boots the pool (with its preload) before the clock

@@ -36,10 +36,17 @@ class RetryOptions:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens one model call used, as the provider reported them."""
+    """Tokens one model call used, as the provider reported them.
+
+    ``input_tokens`` counts every token of the request, those served from the provider's
+    prompt cache included: of them, ``cache_read_tokens`` were read from it and
+    ``cache_write_tokens`` written to it (0 when the provider says nothing of a cache).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -47,7 +54,10 @@ class Usage:
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
 
 

@@ -66,7 +66,7 @@ def test_a_first_program_imports_its_names_from_the_package() -> None:
         [sys.executable, "-c", FIRST_PROGRAM], capture_output=True, text=True, check=True
     )
     # import zett_agent alone loads none of them: child processes import the package too
-    # nor does the model adapter: its HTTP client is its own (zett_agent.models._http)
+    # nor does building the model adapter: its SDK (and its httpx) is imported at its first call
     assert out.stdout.split() == [
         "True",
         "zett_agent._runtime._client",

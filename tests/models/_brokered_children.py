@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from zett_agent._model import ModelEventKind, ModelRequest, RetryOptions
-from zett_agent.messages import UserMessage
+from zett_agent.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from zett_agent.process import emit
 from zett_agent.process._child._inbox import receive
 from zett_agent.runners._broker._standin import BrokeredModel
@@ -22,6 +22,14 @@ def _pid() -> str:
 
 
 PID_TOOL = AgentTool("pid", "Return the process id.", _EMPTY, _pid)
+
+
+def pid_step(request: ModelRequest) -> AssistantMessage:
+    """A child's model: call ``pid``, then report what it returned."""
+    results = [m for m in request.messages if isinstance(m, ToolMessage)]
+    if not results:
+        return AssistantMessage(tool_calls=(ToolCall("p", "pid", {}),))
+    return AssistantMessage(results[-1].text)
 
 
 def _wait_here(ready: str, go: str) -> str:

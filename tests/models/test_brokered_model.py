@@ -423,6 +423,92 @@ async def test_a_sandboxed_childs_key_stays_in_the_parent(
     assert endpoint.headers and all(h["authorization"] == f"Bearer {key}" for h in endpoint.headers)
 
 
+@pytest.mark.parametrize("brokered", [True, False], ids=["brokered-default", "control-unbrokered"])
+async def test_the_key_variables_are_wiped_from_a_brokered_childs_environment_and_memory(
+    containment: str,
+    fifos: tuple[str, str, int],
+    brokered: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and the model's own ``api_key_env`` are in the
+    host's environment when the pool starts, so its launcher and every worker inherit them. A
+    brokered child (the default runner) has them in neither its environment (``/proc/PID/
+    environ``, ``os.environ``) nor any readable page of its memory; the parent still sends
+    the model's key. The control child, calling its model itself, holds all three."""
+    ready, go, go_fd = fifos
+    keys = {name: new_key() for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
+    variable = f"ZETT_TEST_KEY_{secrets.token_hex(4).upper()}"
+    keys[variable] = new_key()
+    for name, key in keys.items():
+        monkeypatch.setenv(name, key)  # before the pool starts: its launcher inherits them
+    wait = {"ready": ready, "go": go}
+
+    def answer(request: ModelRequest) -> AssistantMessage:  # behind the endpoint
+        results = [m for m in request.messages if isinstance(m, ToolMessage)]
+        if not results:
+            return AssistantMessage(tool_calls=(ToolCall("w", "wait_here", wait),))
+        return AssistantMessage(f"done: {results[0].text}")
+
+    async with OfflineEndpoint(answer) as endpoint:
+        model = OpenAIChatModel("test-model", base_url=endpoint.url, api_key_env=variable)
+        definition = SubAgentDefinition(
+            "remote", "a child that waits", "You are the child.", model=model,
+            tools=[kids.WAIT_TOOL],
+        )  # fmt: skip
+        runner = {} if brokered else {"broker": False}
+        async with (
+            ProcessPool(2, containment=containment) as pool,
+            Recording([definition], runner=ProcessRunner(pool, **runner)) as extension,
+        ):
+            run = asyncio.ensure_future(run_parent(extension, "remote"))
+            async with child_held(ready, go_fd) as pid:
+                environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)
+                needles = [key.encode() for key in keys.values()] + [b"You are the child."]
+                found = await asyncio.to_thread(memory_holds, pid, needles)
+            async with asyncio.timeout(HANG_GUARD):
+                await run
+            task = only_task(extension)
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    assert found[b"You are the child."], "the scan must see what the child holds"
+    for name, key in keys.items():
+        if brokered:
+            assert key.encode() not in environ, f"${name} is in the brokered child's environment"
+            assert not found[key.encode()], f"${name}'s value is in the brokered child's memory"
+        else:  # the same checks find them in a child that calls its model itself
+            assert f"{name}={key}".encode() in environ
+            assert found[key.encode()]
+    bearer = f"Bearer {keys[variable]}"
+    assert endpoint.headers and all(h["authorization"] == bearer for h in endpoint.headers)
+
+
+def _environment_and_pid(name: str) -> list[Any]:
+    return [os.environ.get(name), os.getpid()]
+
+
+async def test_a_brokered_childs_worker_runs_no_later_job_that_would_miss_the_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A brokered child unsets the key variables in its process for good, so its worker is
+    retired once it answered, even in a pool that reuses its workers: a later job in the same
+    one-worker pool (a child that calls its model itself, a plain job) still finds
+    ``$OPENAI_API_KEY``, in a process of its own."""
+    key = new_key()
+    monkeypatch.setenv("OPENAI_API_KEY", key)  # before the pool starts: its launcher inherits it
+    definition = SubAgentDefinition(
+        "pid", "a child", "You are the child.", model=FunctionModel(kids.pid_step),
+        tools=[kids.PID_TOOL],
+    )  # fmt: skip
+    async with ProcessPool(1, max_jobs_per_worker=100) as pool:
+        async with Recording([definition], runner=ProcessRunner(pool)) as extension:
+            answer = await run_parent(extension, "pid")
+        child_pid = json.loads(json.loads(answer)["content"])["pid"]
+        async with asyncio.timeout(HANG_GUARD):
+            seen, pid = await pool.submit(_environment_and_pid, "OPENAI_API_KEY")
+    assert only_task(extension).status is SubAgentTaskStatus.COMPLETED
+    assert seen == key, "a job after a brokered child lost the key its launcher holds"
+    assert pid != child_pid
+
+
 def _is_child(body: dict[str, Any]) -> bool:
     return body["messages"][0] == {"role": "system", "content": "You are the child."}
 

@@ -34,7 +34,7 @@ from zett_agent.process import JobFailed, JobTimeout, LimitExceeded, ProcessErro
 from zett_agent.process._host._pool import engine_of
 from zett_agent.runners import ChildJob, ChildRunner, InProcessRunner, ProcessRunner
 from zett_agent.runners._preload import RUNTIME_MODULES
-from zett_agent.runners._process import warming
+from zett_agent.runners._process import _BROKER_MODULES, warming
 from zett_agent.runners._report import failure_reason
 from zett_agent.tools import tool
 
@@ -127,14 +127,17 @@ async def test_a_module_that_fails_in_the_launcher_falls_back_to_no_automatic_pr
     assert ghost_module in record.getMessage() and "preload_exclude" in record.getMessage()
 
 
-async def test_an_explicit_preload_replaces_the_automatic_one() -> None:
-    runner = ProcessRunner(preload=["json"])
+@pytest.mark.parametrize("broker", [True, False], ids=["brokered-default", "unbrokered"])
+async def test_an_explicit_preload_replaces_the_automatic_one(broker: bool) -> None:
+    """The runner's own modules stay: the stand-in a brokered child runs on (by default)."""
+    runner = ProcessRunner(preload=["json"], broker=broker)
     async with AsyncSubAgentExtension([definition(ChildModel("x"))], runner=runner) as extension:
         await _one_request(extension)
         assert warming(runner) is not None
         await warming(runner)
         assert runner.pool is not None
-        assert runner.pool.preload == (*RUNTIME_MODULES, "json")
+        own = _BROKER_MODULES if broker else ()
+        assert runner.pool.preload == (*RUNTIME_MODULES, "json", *own)
 
 
 async def test_entering_the_extension_boots_the_pool_before_any_request() -> None:

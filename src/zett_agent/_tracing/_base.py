@@ -82,6 +82,8 @@ EXECUTE_TOOL = "execute_tool"
 
 #: ``gen_ai.provider.name`` of the OpenAI adapter (a value the conventions list)
 PROVIDER_OPENAI = "openai"
+#: ``gen_ai.provider.name`` of the Anthropic adapter (a value the conventions list)
+PROVIDER_ANTHROPIC = "anthropic"
 #: ``gen_ai.provider.name`` of a model that names no provider (the offline ``ScriptedModel`` and
 #: ``FunctionModel``, an application's own model class): the runtime's own name, a custom value
 PROVIDER_UNKNOWN = "zett_agent"

@@ -27,21 +27,30 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zett_agent.extensions._definition import StartsChildren, SubAgentDefinition
+from zett_agent.runners._broker._standin import BrokeredModel
 from zett_agent.runners._preload import excluded
 
 __all__ = ["child_modules"]
 
 
 def child_modules(
-    definitions: Sequence[SubAgentDefinition], parent_model: Any, factory: type | None
+    definitions: Sequence[SubAgentDefinition],
+    parent_model: Any,
+    factory: type | None,
+    *,
+    brokered: bool = False,
 ) -> tuple[str, ...]:
     """The importable modules the children of these definitions will import, in a stable order.
 
     ``parent_model`` is the model a definition with ``model=None`` gets; ``factory`` the
-    extension class shipped to build children (``None`` for the default build).
+    extension class shipped to build children (``None`` for the default build). ``brokered``:
+    the runner brokers the children's model calls, so a brokerable model stands for its
+    stand-in (``BrokeredModel``): its adapter, SDK and HTTP client are not what a child imports.
     """
     found: dict[str, None] = {}
     for obj in _objects(definitions, parent_model, factory, depth=0):
+        if brokered and getattr(type(obj), "brokerable", False) is True:
+            obj = BrokeredModel
         for name in _modules_of(obj):
             if name not in found and _importable(name):
                 found[name] = None

@@ -217,7 +217,10 @@ class ChildCore:
         modules = self.modules.get(key)
         if modules is None:
             modules = self.modules[key] = child_modules(
-                extension.subagents, parent_model, factory_of(extension)
+                extension.subagents,
+                parent_model,
+                factory_of(extension),
+                brokered=getattr(self.runner, "broker", False) is True,
             )
         self.runner.warm_up(modules)
 

@@ -1,23 +1,32 @@
 """What ``OpenAIChatModel`` needs at its first request, imported ahead in a process pool's launcher.
 
-The adapter's HTTP client (``zett_agent.models._http``, on asyncio streams) imports little, but
-its first ``https://`` request builds the process's verifying SSL context, loading certifi's CA
-bundle: tens of milliseconds and about a megabyte a child would otherwise pay on its own. Done
-once in the launcher before it forks, every child shares it. The TLS handshake also encodes the
-server's name with the ``idna`` codec, imported on first use: imported here too.
+For children that call their model themselves (``ProcessRunner(broker=False)``; a brokered child
+holds a stand-in and imports none of this). The SDK, its HTTP library and what their first
+request imports lazily (the transport, the async backend), and the process's verifying TLS
+context (certifi's CA bundle): hundreds of milliseconds and megabytes a child would otherwise
+pay on its own. Done once in the launcher before it forks, every child shares it.
 ``OpenAIChatModel.child_preload`` names this module, so the subagent extensions preload it
-whenever a child will run on ``OpenAIChatModel``.
+whenever a child will call ``OpenAIChatModel`` itself.
 """
 
 from __future__ import annotations
 
-import encodings.idna  # noqa: F401
+import encodings.idna  # noqa: F401  (a TLS handshake encodes the server's name with it)
 
-import certifi  # noqa: F401
+import openai
 
-from zett_agent.models import _http
-from zett_agent.models._http import default_ssl_context
+from zett_agent.models._sdk_http import NO_KEY, http_client, tls_context
 
-__all__ = ["default_ssl_context"]
+__all__ = ["tls_context"]
 
-_http.default_ssl_context()
+tls_context()
+# building a client imports what its first request would (the transport, its pool, the
+# resources' modules); it holds no connection, so dropping it closes nothing
+_CLIENT = openai.AsyncOpenAI(
+    api_key=NO_KEY,
+    base_url="http://127.0.0.1/v1",
+    max_retries=0,
+    http_client=http_client(openai.DefaultAsyncHttpxClient, timeout=1.0, json_as_event=True),
+)
+_CLIENT.chat.completions  # noqa: B018 (imports the resources' modules)
+del _CLIENT

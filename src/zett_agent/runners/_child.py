@@ -292,17 +292,26 @@ async def _pool_inbox() -> Any:
 
 
 async def run_pickled_child(
-    payload: bytes, emit: Callable[[Any], None] | None = None
+    payload: bytes,
+    emit: Callable[[Any], None] | None = None,
+    *,
+    forget: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run a child from a spec the runner pickled itself.
 
     ``run_child`` on a spec the runner pickled itself (a brokered spec: its models were
     replaced by stand-ins as it was pickled, see ``zett_agent.runners._broker._parent``).
+    First, before the spec is unpickled, the provider key variables (the defaults and
+    ``forget``) are unset and wiped from this process's memory (``_broker._keys``): the parent
+    makes this child's calls.
     """
     import cloudpickle
 
+    from zett_agent.runners._broker._keys import KEY_VARIABLES
+    from zett_agent.runners._broker._keys import forget as forget_keys
     from zett_agent.runners._broker._standin import relay_from_here
 
+    forget_keys((*KEY_VARIABLES, *forget))
     spec = cloudpickle.loads(payload)
     if not isinstance(spec, ChildSpec):
         raise TypeError(f"run_pickled_child() takes a pickled ChildSpec, got {type(spec).__name__}")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import check_flag, check_int, check_names, check_seconds
 from zett_agent.process import JobStatus, PoolClosed, ProcessError, ProcessPool
-from zett_agent.process._host._job import set_event_filter
+from zett_agent.process._host._job import retire_worker, set_event_filter
 from zett_agent.runners._base import WrappedJob
 from zett_agent.runners._broker._standin import relaying as _relaying
 from zett_agent.runners._child import (
@@ -30,7 +30,11 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner", "warming"]
 
 #: what a brokered child imports beyond the runtime (preloaded with ``broker=True``)
-_BROKER_MODULES = ("zett_agent.runners._broker._standin", "zett_agent.process._child._inbox")
+_BROKER_MODULES = (
+    "zett_agent.runners._broker._standin",
+    "zett_agent.runners._broker._keys",
+    "zett_agent.process._child._inbox",
+)
 
 log = logging.getLogger(__name__)
 
@@ -221,13 +225,17 @@ class ProcessRunner:
         preload_exclude: Modules (and packages: a name covers its submodules) never preloaded
             automatically, for modules whose import has side effects that must not happen in
             the launcher (a thread, a connection, a file opened at import time).
-        broker: Broker the model calls of every child (default ``False``: only the children
-            whose spec asks for it). A brokered child gets a keyless stand-in for each model
-            whose class declares ``brokerable = True`` (``OpenAIChatModel``), its definition's
-            or the parent's, and the definitions' of its own children; the parent makes the
-            calls with the real model and streams the events back over the child's channel.
-            The child needs no network and never holds the key. See the README ("Brokered
-            model calls") and ``zett_agent.runners._broker._parent`` for what is bounded.
+        broker: Broker the model calls of every child (default ``True``). A brokered child
+            gets a keyless stand-in for each model whose class declares ``brokerable = True``
+            (``OpenAIChatModel``, ``AnthropicModel``), its definition's or the parent's, and
+            the definitions' of its own children; the parent makes the calls with the real
+            model and streams the events back over the child's channel. The child needs no
+            network, imports no HTTP client or SDK, never holds the key, and the provider key
+            variables (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, a model's ``api_key_env``)
+            are unset and wiped in it before its code is unpickled. ``broker=False``: each
+            child calls its model itself (its key travels with the model or is read from the
+            environment it inherited); a sandboxed child is brokered all the same. See
+            ``docs/broker.md`` and ``zett_agent.runners._broker._parent`` for what is bounded.
 
     If an automatically found module fails to import in the launcher, the pool starts again
     without the automatic modules (a warning is logged naming the error); children then
@@ -247,7 +255,7 @@ class ProcessRunner:
         preload: Sequence[str] | None = None,
         preload_exclude: Sequence[str] = (),
         nice: int | None = None,
-        broker: bool = False,
+        broker: bool = True,
     ) -> None:
         if pool is not None and not isinstance(pool, ProcessPool):
             raise TypeError(f"pool must be a zett_agent.process.ProcessPool, got {pool!r}")
@@ -363,10 +371,10 @@ class ProcessRunner:
         Returns at once (after the pool's first start). The child waits for a process if
         ``max_children`` are busy.
 
-        A brokered child (``spec.broker``, ``broker=True``, a sandboxed child, or any child of a
-        process that got its own models through a broker) is shipped with keyless stand-ins for
-        its brokerable models, and the parent serves their calls (see
-        ``zett_agent.runners._broker._parent``).
+        A brokered child (every child by default; with ``broker=False``, ``spec.broker``, a
+        sandboxed child, or any child of a process that got its own models through a broker)
+        is shipped with keyless stand-ins for its brokerable models, and the parent serves
+        their calls (see ``zett_agent.runners._broker._parent``).
 
         ``sandbox`` confines the child's whole process (its model loop included) as
         ``ProcessPool.submit`` says; the job's ``info()`` then has a ``sandbox`` entry with what
@@ -382,7 +390,9 @@ class ProcessRunner:
         models: list[Any] = []
         try:
             # a sandboxed child never holds its model's key: its calls go through this process
+            options: dict[str, Any] = {}
             if spec.broker or self.broker or sandbox is not None or _relaying():
+                from zett_agent.runners._broker._keys import key_variables
                 from zett_agent.runners._broker._parent import pickle_brokered
 
                 target = run_pickled_child
@@ -390,14 +400,15 @@ class ProcessRunner:
                     argument, models = pickle_brokered(spec)
                 except Exception as exc:  # cloudpickle raises more than TypeError
                     raise TypeError(f"{type(exc).__name__}: {exc}") from exc
+                options["forget"] = key_variables(models)
             try:
-                job = pool.submit(target, argument, limits=limits, sandbox=sandbox)
+                job = pool.submit(target, argument, limits=limits, sandbox=sandbox, **options)
             except PoolClosed:
                 if self.__shared is not None or self.__closed:
                     raise
                 # our own pool lost its launcher (killed from outside): start a new one
                 pool = await self.__replace(pool)
-                job = pool.submit(target, argument, limits=limits, sandbox=sandbox)
+                job = pool.submit(target, argument, limits=limits, sandbox=sandbox, **options)
         except TypeError as exc:
             part = unpicklable_part(spec) or str(exc)
             raise TypeError(
@@ -407,6 +418,9 @@ class ProcessRunner:
                 "the child, inside the tool or the model), or define the class in an "
                 "importable module"
             ) from exc
+        if target is run_pickled_child:
+            # it unset its key variables for good: a later job in its worker may need them
+            retire_worker(job)
         broker = self.__serve(job, models) if models else None
         return ProcessChildJob(job, pool, self.kill_grace, broker)
 

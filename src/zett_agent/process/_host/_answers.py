@@ -209,7 +209,11 @@ class WorkerEvents(Reaper):
         job.finish(status, result=result, exception=error, cpu=cpu, peak_rss=peak)
         worker.jobs_done += 1
         reusable = not (
-            worker.last or self.closed or worker.exited_at is not None or worker.orphaned
+            worker.last
+            or job.retires_worker
+            or self.closed
+            or worker.exited_at is not None
+            or worker.orphaned
         )
         if reusable and self.containment.is_clean(worker.tree):
             job.tree_gone()  # its tree is the worker alone, which lives on, clean

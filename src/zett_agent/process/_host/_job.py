@@ -29,7 +29,14 @@ if TYPE_CHECKING:
     from .._sandbox._options import Sandbox
     from ._channel import Channel
 
-__all__ = ["SEND_BUFFER_BYTES", "JobStatus", "JobUsage", "ProcessJob", "set_event_filter"]
+__all__ = [
+    "SEND_BUFFER_BYTES",
+    "JobStatus",
+    "JobUsage",
+    "ProcessJob",
+    "retire_worker",
+    "set_event_filter",
+]
 
 #: Bytes of messages (``ProcessJob.send``) the host holds per job that the worker's socket has
 #: not taken yet; a sender waits while one more would exceed it, and no message may be larger.
@@ -412,3 +419,14 @@ def set_event_filter(job: ProcessJob, accept: Callable[[Any, int], bool] | None)
     never appears in ``events()`` nor counts against the buffers. Cleared when the job ends.
     """
     job._core.set_event_filter(accept)
+
+
+def retire_worker(job: ProcessJob) -> None:
+    """Let ``job``'s worker run no other job after it: it is ended once the job has answered.
+
+    For the runner layer: a job that changes its process for good (a brokered child unsets its
+    key variables, which a later job in the same worker may need). Call it right after
+    ``submit``; the pool decides when the answer arrives, so it holds even for a job already
+    dispatched.
+    """
+    job._core.retires_worker = True

@@ -133,6 +133,9 @@ class JobCore:
         self.payload: bytes | None = payload
         self.limits = limits
         self.sandbox = sandbox
+        #: the job changes its worker for good: the worker runs no other job after it
+        #: (``_job.retire_worker``)
+        self.retires_worker = False
         if sandbox is not None and isinstance(sandbox.network, Egress):
             self.egress = EgressLog()
         self.name = name

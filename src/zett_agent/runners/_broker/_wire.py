@@ -15,7 +15,7 @@ str, "description": str, "parameters": {...}}`` (the tool's shell: what the mode
 Parent to child, as messages on topic ``TOPIC`` (``ProcessJob.send``)::
 
     {"id": ID, "text": str}                                         a text delta
-    {"id": ID, "done": {"message": ASSISTANT, "usage": [in, out] | null}}   the response (last)
+    {"id": ID, "done": {"message": ASSISTANT, "usage": [in, out, cache read, cache write] | null}}
     {"id": ID | null, "error": {"message": str, "retryable": bool, "status": int | null}}
 
 The parent decodes what a child sends as hostile data (``decode_request``: exact keys, exact
@@ -129,7 +129,10 @@ def decode_response(data: Mapping[str, Any]) -> ModelResponse:
     if not isinstance(message, AssistantMessage):
         raise BadRequest("response.message must be an assistant message")
     usage = data.get("usage")
-    return ModelResponse(message, None if usage is None else Usage(int(usage[0]), int(usage[1])))
+    if usage is None:
+        return ModelResponse(message, None)
+    cache = (int(usage[2]), int(usage[3])) if len(usage) == 4 else (0, 0)
+    return ModelResponse(message, Usage(int(usage[0]), int(usage[1]), *cache))
 
 
 def decode_error(data: Mapping[str, Any]) -> ModelError:
@@ -157,7 +160,14 @@ def encode_event(call_id: int, event: ModelEvent) -> dict[str, Any]:
         "id": call_id,
         "done": {
             "message": _encode_assistant(response.message),
-            "usage": None if usage is None else [usage.input_tokens, usage.output_tokens],
+            "usage": None
+            if usage is None
+            else [
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+            ],
         },
     }
 

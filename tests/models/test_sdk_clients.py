@@ -1,0 +1,180 @@
+"""A model's SDK clients: one per event loop and configuration, reused, and closed with either."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import pickle
+import ssl
+import threading
+
+import pytest
+
+from support.openai_chunks import HELLO, TEXT_STREAM
+from support.openai_loopback import LoopbackServer, Reply, collect
+from zett_agent.models import _sdk_http
+from zett_agent.models._sdk_clients import LoopClients
+from zett_agent.models.openai import OpenAIChatModel
+
+HANG_GUARD = 30.0
+
+
+class FakeClient:
+    """Stands for an SDK client: counts how often it is closed."""
+
+    made = 0
+
+    def __init__(self, name: str = "") -> None:
+        FakeClient.made += 1
+        self.name = name
+        self.closed = 0
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+async def test_one_client_per_configuration_on_a_loop() -> None:
+    clients = LoopClients()
+    first = await clients.get(("a", 1.0), FakeClient)
+    assert await clients.get(("a", 1.0), FakeClient) is first
+    other = await clients.get(("b", 1.0), FakeClient)
+    assert other is not first
+    assert clients.count() == 2
+    await clients.aclose()
+    assert (first.closed, other.closed) == (1, 1)
+    assert clients.count() == 0
+    await clients.aclose()  # idempotent
+    assert first.closed == 1
+    again = await clients.get(("a", 1.0), FakeClient)  # still usable: a new client
+    assert again is not first
+    await clients.aclose()
+
+
+def test_a_client_is_never_shared_across_loops_and_closes_with_its_loop() -> None:
+    clients = LoopClients()
+    seen: list[FakeClient] = []
+
+    async def use() -> None:
+        seen.append(await clients.get("config", FakeClient))
+
+    asyncio.run(use())
+    assert seen[0].closed == 1  # the loop's shutdown closed it
+    asyncio.run(use())
+    assert seen[1] is not seen[0]
+    assert seen[1].closed == 1
+
+
+async def test_a_dropped_models_clients_close_by_the_next_call_on_the_loop() -> None:
+    clients = LoopClients()
+    dropped = await clients.get("config", FakeClient)
+    del clients
+    gc.collect()
+    assert dropped.closed == 0  # not in a task a loop's shutdown could cancel halfway
+    keeper = LoopClients()
+    await keeper.get("config", FakeClient)
+    assert dropped.closed == 1
+    await keeper.aclose()
+
+
+def test_a_dropped_models_clients_close_when_the_loop_shuts_down() -> None:
+    held: list[FakeClient] = []
+
+    async def use() -> None:
+        clients = LoopClients()
+        held.append(await clients.get("config", FakeClient))
+        del clients
+        gc.collect()
+
+    asyncio.run(use())
+    assert held[0].closed == 1
+
+
+async def test_a_pickled_copy_holds_no_client() -> None:
+    clients = LoopClients()
+    first = await clients.get("config", FakeClient)
+    copy = pickle.loads(pickle.dumps(clients))
+    assert copy.count() == 0
+    assert await copy.get("config", FakeClient) is not first
+    await copy.aclose()
+    await clients.aclose()
+
+
+async def test_a_forked_child_builds_its_own_client_and_never_closes_the_parents() -> None:
+    clients = LoopClients()
+    parents = await clients.get("config", FakeClient)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running anything of the parent's
+        code = 1
+        try:
+
+            async def child() -> bool:
+                mine = await clients.get("config", FakeClient)
+                await clients.aclose()
+                return mine is not parents and mine.closed == 1 and parents.closed == 0
+
+            code = 0 if asyncio.run(child()) and parents.closed == 0 else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    try:
+        answer = await asyncio.wait_for(asyncio.to_thread(os.read, read, 1), HANG_GUARD)
+    finally:
+        os.close(read)
+        await asyncio.to_thread(os.waitpid, pid, 0)
+    assert answer == b"\x00"
+    assert parents.closed == 0
+    await clients.aclose()
+    assert parents.closed == 1
+
+
+async def test_a_model_reuses_its_client_across_calls_and_aclose_closes_it() -> None:
+    async with LoopbackServer([Reply(chunks=TEXT_STREAM), Reply(chunks=TEXT_STREAM)]) as server:
+        model = OpenAIChatModel("m", base_url=server.url, timeout=HANG_GUARD)
+        await collect(model.stream(HELLO))
+        client = await model._clients.get(model._client_config(), _unexpected)
+        await collect(model.stream(HELLO))
+        assert await model._clients.get(model._client_config(), _unexpected) is client
+        assert model._clients.count() == 1
+        assert len(server.requests) == 2
+        await model.aclose()
+        assert model._clients.count() == 0
+        assert client.sdk.is_closed()
+
+
+async def test_a_changed_base_url_gets_a_client_of_its_own() -> None:
+    async with (
+        LoopbackServer([Reply(chunks=TEXT_STREAM)]) as one,
+        LoopbackServer([Reply(chunks=TEXT_STREAM)]) as two,
+    ):
+        model = OpenAIChatModel("m", base_url=one.url, timeout=HANG_GUARD)
+        await collect(model.stream(HELLO))
+        model.base_url = two.url
+        await collect(model.stream(HELLO))
+        assert (len(one.requests), len(two.requests)) == (1, 1)
+        assert model._clients.count() == 2
+        await model.aclose()
+
+
+def _unexpected() -> FakeClient:
+    raise AssertionError("the model built a second client for the same configuration")
+
+
+async def test_the_tls_context_is_built_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the CA bundle takes tens of milliseconds: a first call does it in a thread."""
+    monkeypatch.setattr(_sdk_http, "_context", None)
+    built_in: list[int] = []
+    real = _sdk_http.tls_context
+
+    def recorded() -> ssl.SSLContext:
+        built_in.append(threading.get_ident())
+        return real()
+
+    monkeypatch.setattr(_sdk_http, "tls_context", recorded)
+    async with LoopbackServer([Reply(chunks=TEXT_STREAM)]) as server:
+        model = OpenAIChatModel("m", base_url=server.url, timeout=HANG_GUARD)
+        await collect(model.stream(HELLO))
+        await model.aclose()
+    assert built_in and built_in[0] != threading.get_ident()
