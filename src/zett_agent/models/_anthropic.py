@@ -16,53 +16,20 @@ and a brokered child holds a keyless stand-in while the parent makes its calls.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
-import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-from zett_agent._model import (
-    ModelError,
-    ModelEvent,
-    ModelRequest,
-    RetryOptions,
-    TransientModelError,
-)
-from zett_agent._tracing._base import (
-    FINISH_REASONS,
-    PROVIDER_ANTHROPIC,
-    RESPONSE_ID,
-    RESPONSE_MODEL,
-)
-from zett_agent._tracing._trace_models import note_model_call
+from zett_agent._model import ModelEvent, ModelRequest, RetryOptions, TransientModelError
+from zett_agent._tracing._base import PROVIDER_ANTHROPIC
 from zett_agent.models._anthropic_wire import MessageAccumulator, build_request
-from zett_agent.models._budget import paced
-from zett_agent.models._extras import loaded, require
-from zett_agent.models._sdk_clients import LoopClients
-from zett_agent.models._sdk_errors import Call, model_error
-from zett_agent.models._sdk_http import (
-    NO_KEY,
-    PROXY_VARIABLES,
-    KeyedClient,
-    check_key,
-    close_quietly,
-    http_client,
-    key_headers,
-    post_stream,
-    server_attributes,
-    tls_context_ready,
-)
+from zett_agent.models._sdk_http import sdk_client, server_attributes
+from zett_agent.models._sdk_model import SdkApi, SdkModel, note_answer
 
 __all__ = ["AnthropicModel"]  # re-exported by zett_agent.models.anthropic
 
-#: The host of the Anthropic API itself, the one endpoint that always needs a key.
-_ANTHROPIC_API_HOST = "api.anthropic.com"
 
-
-class AnthropicModel:
+class AnthropicModel(SdkModel):
     """A ``Model`` that streams from ``POST {base_url}/v1/messages`` through the anthropic SDK.
 
     Args:
@@ -90,11 +57,17 @@ class AnthropicModel:
     ``ValueError`` for an unusable argument, or when aimed at the Anthropic API with no key.
     """
 
-    retry: RetryOptions
     #: modules a child that calls this model itself would import at its first request
     child_preload: ClassVar[tuple[str, ...]] = ("zett_agent.models._anthropic_preload",)
     #: nothing in a request chooses the endpoint, the model name or the key
     brokerable: ClassVar[bool] = True
+    _api: ClassVar[SdkApi] = SdkApi(
+        sdk="anthropic",
+        adapter="AnthropicModel",
+        path="/v1/messages",
+        api_host="api.anthropic.com",  # the Anthropic API itself, the one that always needs a key
+        example_url="https://api.anthropic.com",
+    )
 
     def __init__(
         self,
@@ -110,56 +83,32 @@ class AnthropicModel:
         temperature: float | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        require("anthropic", "AnthropicModel")
-        if not model or not isinstance(model, str):
-            raise ValueError(f"model must be a non-empty model name, got {model!r}")
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"base_url must start with http:// or https://, got {base_url!r} "
-                "(for example 'https://api.anthropic.com')"
-            )
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if not deadline > 0:
-            raise ValueError(f"deadline must be > 0 seconds, got {deadline!r}")
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        body = dict(extra_body or {})
-        try:
-            json.dumps(body)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"extra_body must be JSON-serialisable: {exc}") from exc
-        self.model = model
-        self.base_url = base_url.rstrip("/")
-        self.api_key_env = api_key_env
-        self.retry = retry
-        self.timeout = float(timeout)
-        self.deadline = float(deadline)
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self.extra_body: dict[str, Any] = body
-        self._api_key = api_key
-        self._clients = LoopClients()
-        if self._needs_key() and self._resolve_key() is None:
-            raise ValueError(self._missing_key_message())
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            api_key_env=api_key_env,
+            retry=retry,
+            timeout=timeout,
+            deadline=deadline,
+            extra_body=extra_body,
+        )
+
+    def _check_settings(self) -> None:
+        if type(self.max_tokens) is not int or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
 
     @property
     def url(self) -> str:
         """Where requests go: ``{base_url}/v1/messages``."""
-        return f"{self.base_url}/v1/messages"
+        return f"{self.base_url}{self._api.path}"
 
     @property
     def span_attributes(self) -> dict[str, str | int]:
         """``gen_ai.provider.name`` ``anthropic``, ``server.address`` and ``server.port``."""
         return server_attributes(self.base_url, PROVIDER_ANTHROPIC)
-
-    def __repr__(self) -> str:
-        key = "set" if self._api_key is not None else f"${self.api_key_env}"
-        return f"AnthropicModel({self.model!r}, base_url={self.base_url!r}, api_key={key})"
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_clients", LoopClients())  # pickled by an older version
-        self.__dict__.update(state)
 
     async def aclose(self) -> None:
         """Close the SDK client of this event loop and its idle connections. Idempotent.
@@ -169,23 +118,17 @@ class AnthropicModel:
         """
         await self._clients.aclose()
 
-    def _client_config(self) -> tuple[Any, ...]:
-        """What this model's client is built from, read at every call (a change: a new client)."""
-        return (self.base_url, self.timeout, *map(os.environ.get, PROXY_VARIABLES))
-
-    def _new_client(self, anthropic: Any) -> KeyedClient:
-        """A new SDK client (with the placeholder key) and where it puts the key."""
-        client = anthropic.AsyncAnthropic(
-            api_key=NO_KEY,
+    @staticmethod
+    def _sdk_client(sdk: Any, base_url: str, timeout: float) -> Any:
+        """A new ``AsyncAnthropic`` (with the placeholder key) on the budgeted HTTP client."""
+        return sdk_client(
+            sdk.AsyncAnthropic,
+            sdk.DefaultAsyncHttpxClient,
+            base_url=base_url,
+            timeout=timeout,
+            json_as_event=False,
             auth_token=None,
-            base_url=self.base_url,
-            timeout=self.timeout,
-            max_retries=0,  # one retry policy: the runtime's (RetryOptions)
-            http_client=http_client(
-                anthropic.DefaultAsyncHttpxClient, timeout=self.timeout, json_as_event=False
-            ),
         )
-        return KeyedClient.of(client)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """Stream one message: text deltas as they arrive, then one completed event.
@@ -205,42 +148,17 @@ class AnthropicModel:
         Cancellation: closing the iterator or cancelling its consumer closes the response and
         the connection before the cancellation propagates.
         """
-        anthropic = await loaded("anthropic", "AnthropicModel")
-        try:
-            body = build_request(
-                self.model,
-                request,
-                max_tokens=self.max_tokens,
-                temperature=self.temperature,
-                extra_body=self.extra_body,
-            )
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ModelError(
-                f"cannot encode a request for {self.url}: {type(exc).__name__}: {exc}"
-            ) from exc
-        key = self._resolve_key()
-        if not key and self._needs_key():
-            raise ModelError(self._missing_key_message(), retryable=False)
-        if key:
-            where = "api_key=" if self._api_key is not None else f"${self.api_key_env}"
-            try:
-                check_key(key, where)
-            except ValueError as exc:
-                raise ModelError(str(exc)) from None
-        call = Call(self.url, self.model, self.api_key_env, bool(key), self.timeout, self.deadline)
-        deadline = asyncio.get_running_loop().time() + self.deadline
-        stream: Any = None
-        try:
-            await tls_context_ready()
-            client = await self._clients.get(
-                self._client_config(), functools.partial(self._new_client, anthropic)
-            )
-            async with asyncio.timeout_at(deadline):
-                stream = await post_stream(
-                    anthropic, client.sdk, "/v1/messages", body, key_headers(client.places, key)
-                )
+        encode = functools.partial(
+            build_request,
+            self.model,
+            request,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            extra_body=self.extra_body,
+        )
+        async with self._streamed(encode) as events:
             accumulator = MessageAccumulator()
-            async for event in paced(stream, deadline):
+            async for event in events:
                 text = accumulator.add_event(event)
                 if text:
                     yield ModelEvent.text_delta(text)
@@ -249,40 +167,8 @@ class AnthropicModel:
                     f"the model endpoint {self.url} closed the stream before the message was "
                     "complete (no stop reason, no message_stop)"
                 )
-            _note_response(accumulator)
+            note_answer(
+                accumulator.response_id, accumulator.response_model, accumulator.stop_reason
+            )
             final = accumulator.response()
-        except Exception as exc:
-            error = model_error(exc, anthropic, call)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            await close_quietly(stream)
         yield ModelEvent.completed(final)
-
-    def _resolve_key(self) -> str | None:
-        if self._api_key is not None:
-            return self._api_key
-        return os.environ.get(self.api_key_env) or None
-
-    def _needs_key(self) -> bool:
-        return (urlsplit(self.base_url).hostname or "").lower() == _ANTHROPIC_API_HOST
-
-    def _missing_key_message(self) -> str:
-        return (
-            f"AnthropicModel({self.model!r}) has no API key for {self.base_url}: set "
-            f"{self.api_key_env} in the environment or pass api_key=..."
-        )
-
-
-def _note_response(accumulator: MessageAccumulator) -> None:
-    """Put what the message said of itself on the model call's span (when traced)."""
-    notes: dict[str, str | list[str]] = {}
-    if accumulator.response_id:
-        notes[RESPONSE_ID] = accumulator.response_id
-    if accumulator.response_model:
-        notes[RESPONSE_MODEL] = accumulator.response_model
-    if accumulator.stop_reason:
-        notes[FINISH_REASONS] = [accumulator.stop_reason]
-    if notes:
-        note_model_call(notes)

@@ -11,17 +11,14 @@ import encodings.idna  # noqa: F401  (a TLS handshake encodes the server's name 
 
 import anthropic
 
-from zett_agent.models._sdk_http import NO_KEY, http_client, tls_context
+from zett_agent.models._anthropic import AnthropicModel
+from zett_agent.models._sdk_http import tls_context
 
 __all__ = ["tls_context"]
 
 tls_context()
-# building a client imports what its first request would; it holds no connection
-_CLIENT = anthropic.AsyncAnthropic(
-    api_key=NO_KEY,
-    base_url="http://127.0.0.1",
-    max_retries=0,
-    http_client=http_client(anthropic.DefaultAsyncHttpxClient, timeout=1.0, json_as_event=False),
-)
+# building a client as the adapter does imports what its first request would (the transport,
+# its pool, the resources' modules); it holds no connection, so dropping it closes nothing
+_CLIENT = AnthropicModel._sdk_client(anthropic, "http://127.0.0.1", 1.0)
 _CLIENT.messages  # noqa: B018 (imports the resources' modules)
 del _CLIENT

@@ -16,48 +16,21 @@ never sleeps or retries itself.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
-import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-from zett_agent._model import (
-    ModelError,
-    ModelEvent,
-    ModelRequest,
-    RetryOptions,
-    TransientModelError,
-)
-from zett_agent._tracing._base import FINISH_REASONS, PROVIDER_OPENAI, RESPONSE_ID, RESPONSE_MODEL
-from zett_agent._tracing._trace_models import note_model_call
-from zett_agent.models._budget import paced
-from zett_agent.models._extras import loaded, require
+from zett_agent._model import ModelEvent, ModelRequest, RetryOptions, TransientModelError
+from zett_agent._tracing._base import PROVIDER_OPENAI
 from zett_agent.models._openai_wire import ResponseAccumulator, build_request
-from zett_agent.models._sdk_clients import LoopClients
-from zett_agent.models._sdk_errors import Call, model_error, shorten
-from zett_agent.models._sdk_http import (
-    NO_KEY,
-    PROXY_VARIABLES,
-    KeyedClient,
-    check_key,
-    close_quietly,
-    http_client,
-    key_headers,
-    post_stream,
-    server_attributes,
-    tls_context_ready,
-)
+from zett_agent.models._sdk_errors import shorten
+from zett_agent.models._sdk_http import sdk_client, server_attributes
+from zett_agent.models._sdk_model import SdkApi, SdkModel, note_answer
 
 __all__ = ["OpenAIChatModel"]  # re-exported by zett_agent.models.openai
 
-#: The host of the OpenAI API itself, the one endpoint that always needs a key.
-_OPENAI_API_HOST = "api.openai.com"
 
-
-class OpenAIChatModel:
+class OpenAIChatModel(SdkModel):
     """A ``Model`` that streams from ``POST {base_url}/chat/completions`` through the openai SDK.
 
     Args:
@@ -114,13 +87,20 @@ class OpenAIChatModel:
     children start warm and share that memory.
     """
 
-    retry: RetryOptions
     #: modules a child that calls this model itself would import at its first request
     child_preload: ClassVar[tuple[str, ...]] = ("zett_agent.models._openai_preload",)
     #: a brokered child gets a keyless stand-in and the parent makes its calls: nothing in a
     #: request chooses the endpoint, the model name or the key
     #: (``zett_agent.runners._broker._parent``)
     brokerable: ClassVar[bool] = True
+    _api: ClassVar[SdkApi] = SdkApi(
+        sdk="openai",
+        adapter="OpenAIChatModel",
+        path="/chat/completions",
+        api_host="api.openai.com",  # the OpenAI API itself, the one that always needs a key
+        example_url="http://127.0.0.1:8000/v1",
+        key_hint=" (a local OpenAI-compatible server needs none: pass its base_url=)",
+    )
 
     def __init__(
         self,
@@ -136,41 +116,23 @@ class OpenAIChatModel:
         max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        require("openai", "OpenAIChatModel")
-        if not model or not isinstance(model, str):
-            raise ValueError(f"model must be a non-empty model name, got {model!r}")
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"base_url must start with http:// or https://, got {base_url!r} "
-                "(for example 'http://127.0.0.1:8000/v1')"
-            )
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if not deadline > 0:
-            raise ValueError(f"deadline must be > 0 seconds, got {deadline!r}")
-        body = dict(extra_body or {})
-        try:
-            json.dumps(body)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"extra_body must be JSON-serialisable: {exc}") from exc
-        self.model = model
-        self.base_url = base_url.rstrip("/")
-        self.api_key_env = api_key_env
-        self.retry = retry
-        self.timeout = float(timeout)
-        self.deadline = float(deadline)
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.extra_body: dict[str, Any] = body
-        self._api_key = api_key
-        self._clients = LoopClients()
-        if self._needs_key() and self._resolve_key() is None:
-            raise ValueError(self._missing_key_message())
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            api_key_env=api_key_env,
+            retry=retry,
+            timeout=timeout,
+            deadline=deadline,
+            extra_body=extra_body,
+        )
 
     @property
     def url(self) -> str:
         """Where requests go: ``{base_url}/chat/completions``."""
-        return f"{self.base_url}/chat/completions"
+        return f"{self.base_url}{self._api.path}"
 
     @property
     def span_attributes(self) -> dict[str, str | int]:
@@ -181,15 +143,10 @@ class OpenAIChatModel:
         """
         return server_attributes(self.base_url, PROVIDER_OPENAI)
 
-    def __repr__(self) -> str:
-        key = "set" if self._api_key is not None else f"${self.api_key_env}"
-        return f"OpenAIChatModel({self.model!r}, base_url={self.base_url!r}, api_key={key})"
-
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("deadline", 600.0)
+        state.setdefault("deadline", 600.0)  # pickled by an older version
         state.pop("_ssl_context", None)  # pickled by an older version
-        state.setdefault("_clients", LoopClients())  # pickled by an older version
-        self.__dict__.update(state)
+        super().__setstate__(state)
 
     async def aclose(self) -> None:
         """Close the SDK client of this event loop and its idle connections. Idempotent.
@@ -199,22 +156,16 @@ class OpenAIChatModel:
         """
         await self._clients.aclose()
 
-    def _client_config(self) -> tuple[Any, ...]:
-        """What this model's client is built from, read at every call (a change: a new client)."""
-        return (self.base_url, self.timeout, *map(os.environ.get, PROXY_VARIABLES))
-
-    def _new_client(self, openai: Any) -> KeyedClient:
-        """A new SDK client (with the placeholder key) and where it puts the key."""
-        client = openai.AsyncOpenAI(
-            api_key=NO_KEY,
-            base_url=self.base_url,
-            timeout=self.timeout,
-            max_retries=0,  # one retry policy: the runtime's (RetryOptions)
-            http_client=http_client(
-                openai.DefaultAsyncHttpxClient, timeout=self.timeout, json_as_event=True
-            ),
+    @staticmethod
+    def _sdk_client(sdk: Any, base_url: str, timeout: float) -> Any:
+        """A new ``AsyncOpenAI`` (with the placeholder key) on the budgeted HTTP client."""
+        return sdk_client(
+            sdk.AsyncOpenAI,
+            sdk.DefaultAsyncHttpxClient,
+            base_url=base_url,
+            timeout=timeout,
+            json_as_event=True,
         )
-        return KeyedClient.of(client)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         """Stream one completion: text deltas as they arrive, then one completed event.
@@ -244,43 +195,17 @@ class OpenAIChatModel:
         ``contextlib.aclosing``), closes the HTTP response and the connection before the
         cancellation propagates; the server sees the client go away.
         """
-        openai = await loaded("openai", "OpenAIChatModel")
-        try:
-            body = build_request(
-                self.model,
-                request,
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-                extra_body=self.extra_body,
-            )
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ModelError(
-                f"cannot encode a request for {self.url}: {type(exc).__name__}: {exc}"
-            ) from exc
-        key = self._resolve_key()
-        if not key and self._needs_key():
-            raise ModelError(self._missing_key_message(), retryable=False)
-        if key:
-            where = "api_key=" if self._api_key is not None else f"${self.api_key_env}"
-            try:
-                check_key(key, where)
-            except ValueError as exc:
-                raise ModelError(str(exc)) from None
-        call = Call(self.url, self.model, self.api_key_env, bool(key), self.timeout, self.deadline)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.deadline
-        stream: Any = None
-        try:
-            await tls_context_ready()
-            client = await self._clients.get(
-                self._client_config(), functools.partial(self._new_client, openai)
-            )
-            async with asyncio.timeout_at(deadline):
-                stream = await post_stream(
-                    openai, client.sdk, "/chat/completions", body, key_headers(client.places, key)
-                )
+        encode = functools.partial(
+            build_request,
+            self.model,
+            request,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            extra_body=self.extra_body,
+        )
+        async with self._streamed(encode) as chunks:
             accumulator = ResponseAccumulator()
-            async for chunk in paced(stream, deadline):
+            async for chunk in chunks:
                 text = accumulator.add_chunk(chunk)
                 if text:
                     yield ModelEvent.text_delta(text)
@@ -290,42 +215,7 @@ class OpenAIChatModel:
                     f"the model endpoint {self.url} closed the stream before the response was "
                     "complete (no finish_reason)"
                 )
-            _note_response(accumulator)
+            reason = accumulator.finish_reason
+            note_answer(accumulator.response_id, accumulator.response_model, shorten(reason, 100))
             final = accumulator.response()
-        except Exception as exc:
-            error = model_error(exc, openai, call)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            await close_quietly(stream)
         yield ModelEvent.completed(final)
-
-    def _resolve_key(self) -> str | None:
-        if self._api_key is not None:
-            return self._api_key
-        return os.environ.get(self.api_key_env) or None
-
-    def _needs_key(self) -> bool:
-        """Whether requests go to the OpenAI API itself (other endpoints may need no key)."""
-        return (urlsplit(self.base_url).hostname or "").lower() == _OPENAI_API_HOST
-
-    def _missing_key_message(self) -> str:
-        return (
-            f"OpenAIChatModel({self.model!r}) has no API key for {self.base_url}: set "
-            f"{self.api_key_env} in the environment or pass api_key=... (a local "
-            "OpenAI-compatible server needs none: pass its base_url=)"
-        )
-
-
-def _note_response(accumulator: ResponseAccumulator) -> None:
-    """Put what the response said of itself on the model call's span (when traced)."""
-    notes: dict[str, str | list[str]] = {}
-    if accumulator.response_id:
-        notes[RESPONSE_ID] = accumulator.response_id
-    if accumulator.response_model:
-        notes[RESPONSE_MODEL] = accumulator.response_model
-    if accumulator.finish_reason:
-        notes[FINISH_REASONS] = [shorten(accumulator.finish_reason, 100)]
-    if notes:
-        note_model_call(notes)

@@ -15,18 +15,14 @@ import encodings.idna  # noqa: F401  (a TLS handshake encodes the server's name 
 
 import openai
 
-from zett_agent.models._sdk_http import NO_KEY, http_client, tls_context
+from zett_agent.models._openai import OpenAIChatModel
+from zett_agent.models._sdk_http import tls_context
 
 __all__ = ["tls_context"]
 
 tls_context()
-# building a client imports what its first request would (the transport, its pool, the
-# resources' modules); it holds no connection, so dropping it closes nothing
-_CLIENT = openai.AsyncOpenAI(
-    api_key=NO_KEY,
-    base_url="http://127.0.0.1/v1",
-    max_retries=0,
-    http_client=http_client(openai.DefaultAsyncHttpxClient, timeout=1.0, json_as_event=True),
-)
+# building a client as the adapter does imports what its first request would (the transport,
+# its pool, the resources' modules); it holds no connection, so dropping it closes nothing
+_CLIENT = OpenAIChatModel._sdk_client(openai, "http://127.0.0.1/v1", 1.0)
 _CLIENT.chat.completions  # noqa: B018 (imports the resources' modules)
 del _CLIENT

@@ -50,6 +50,7 @@ __all__ = [
     "key_headers",
     "key_places",
     "post_stream",
+    "sdk_client",
     "server_attributes",
     "tls_context",
     "tls_context_ready",
@@ -137,6 +138,31 @@ def http_client(factory: Callable[..., Any], *, timeout: float, json_as_event: b
             "request": [drop_placeholder],
             "response": [guard(json_as_event=json_as_event)],
         },
+    )
+
+
+def sdk_client(
+    client_class: Callable[..., Any],
+    http_factory: Callable[..., Any],
+    *,
+    base_url: str,
+    timeout: float,
+    json_as_event: bool,
+    **options: Any,
+) -> Any:
+    """A new SDK client of ``client_class`` on an ``http_client`` of ``http_factory``.
+
+    Built with ``NO_KEY`` and without retries of its own (one retry policy: the runtime's,
+    ``RetryOptions``); ``options`` are passed on (``auth_token=None``...). Raises ``OSError``
+    when the TLS context cannot be built.
+    """
+    return client_class(
+        api_key=NO_KEY,
+        base_url=base_url,
+        timeout=timeout,
+        max_retries=0,
+        http_client=http_client(http_factory, timeout=timeout, json_as_event=json_as_event),
+        **options,
     )
 
 
