@@ -27,7 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from zett_agent.extensions._tasks._store_schema import MAX_COUNT, MAX_ID_BYTES, MAX_TEXT_BYTES
+from zett_agent.extensions._tasks._store_schema import (
+    MAX_COUNT,
+    MAX_ID_BYTES,
+    MAX_TEXT_BYTES,
+    SCHEMA_VERSION,
+)
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -253,7 +258,8 @@ DAMAGES = {
     ),
     "a schema version from the future": Damage(
         "PRAGMA user_version = 99",
-        "was written by a newer zett_agent (task store schema 99; this version reads schema 1",
+        "was written by a newer zett_agent (task store schema 99; this version reads schema "
+        f"{SCHEMA_VERSION} and older)",
     ),
     "another application's database": Damage(
         "PRAGMA application_id = 1",
