@@ -1,7 +1,7 @@
 """Durable tasks: a child's steps journaled by its parent, and resumed after a death.
 
 A child dies for real (it SIGKILLs its own process at a step the test chose, or the test kills
-its host); each test then reads what the children did from their log (``_durable_children``):
+its host); each test then reads what the children did from their log (``support.durable_children``):
 which steps the model was asked for, which tool calls ran and with which idempotency key, and
 checks that no done step was repeated, that the resumed task's report is the one an
 uninterrupted run gives, and what ``task_status`` says of the resumes and deaths.
@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _durable_children import (
+
+from support.beacons import Beacons
+from support.calls import call, final
+from support.durable_children import (
     AFTER_EFFECT,
     BEFORE_EFFECT,
     IN_MODEL,
@@ -31,9 +34,6 @@ from _durable_children import (
     die_at,
     work_tool,
 )
-
-from support.beacons import Beacons
-from support.calls import call, final
 from support.parent import worker
 from support.reaping import reap_adopted
 from support.runners import make_runner, runner_params
@@ -344,8 +344,8 @@ async def test_close_suspends_a_durable_task_and_the_next_extension_resumes_it(
 HOST = textwrap.dedent(
     """
     import asyncio, sys
-    sys.path[:0] = [{tests!r}, {here!r}]
-    from _durable_children import Steps, work_tool
+    sys.path[:0] = [{tests!r}]
+    from support.durable_children import Steps, work_tool
     from support.calls import calls, final, task_start
     from support.parent import worker
     from support.scripted_models import StepModel
@@ -380,7 +380,6 @@ async def test_a_host_killed_by_sigkill_resumes_its_tasks_in_a_new_extension(
     (tmp_path / "block-1").touch()
     program = HOST.format(
         tests=str(HERE.parent),
-        here=str(HERE),
         directory=str(tmp_path),
         beacons=beacons.path,
         store=str(store),

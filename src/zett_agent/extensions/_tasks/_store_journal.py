@@ -3,11 +3,11 @@
 Unlike the other tables, where one bad value refuses the whole store (``_store_file``), a bad
 journal row fails only its task: ``read_journals`` reads every row of ``journal`` once, checks
 each value against its column's rule and each entry's JSON as a child's step is checked
-(``_journal_entries.read_entry``), and the order of each task's steps (one after the other,
-a snapshot only first), and returns per task how many steps and bytes its journal holds, or
-why it is damaged (naming the row and the column). Nothing is kept of the entries themselves:
-a resume reads them again. Rows of no task the store holds (or whose task cannot be told) are
-counted as orphans, which the store deletes once it opened.
+(``_journal_entries.read_entry``), and the order of each task's steps (as written: one after
+the other, a snapshot only first), and returns per task how many steps and bytes its journal
+holds, or why it is damaged (naming the row and the column). Nothing is kept of the entries
+themselves: a resume reads them again. Rows of no task the store holds (or whose task cannot be
+told) are counted as orphans, which the store deletes once it opened.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def read_journals(
         "CASE WHEN typeof(step) = 'integer' THEN step END, "
         f"CASE WHEN {step.condition} THEN step END, typeof(entry), "
         f"length(CAST(entry AS BLOB)), CASE WHEN {entry.condition} THEN entry END "
-        "FROM journal ORDER BY parent_session_id, task_id, step, seq"
+        "FROM journal ORDER BY parent_session_id, task_id, seq"
     )
     journals: dict[tuple[str, str], JournalInfo] = {}
     orphans = 0

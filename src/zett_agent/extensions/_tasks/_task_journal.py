@@ -7,7 +7,8 @@ the next one, the entry must be one (``_journal_entries.decode_entry``), it must
 (``MAX_ENTRY_BYTES``) and the journal must stay within its bound (``MAX_STEPS`` steps and
 ``MAX_JOURNAL_BYTES`` bytes at once; a snapshot, the child's compacted conversation, starts it
 anew). It queues the step for the store's writer thread and, once the step is committed,
-acknowledges it to the child (``{"journal_ack": n}`` through ``ChildJob.send``). A step the
+acknowledges it to the child (``{"id": "journal-ack-n", "journal_ack": n}`` through
+``ChildJob.send``). A step the
 parent refuses, or the store fails to write, stops the task (its child's tree killed, the
 reason its failure; it is never resumed): a journal that does not hold what the child did
 would make a resume repeat or skip work.
@@ -19,7 +20,6 @@ What a child can do with its steps: make its own resume start from any conversat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING, Any
@@ -115,11 +115,18 @@ class TaskJournal(TaskPart):
         if isinstance(job, SupportsSend):
             self._chores.add(
                 asyncio.get_running_loop().create_task(
-                    _send(job, {"journal_ack": ack}), name=f"zett-agent-ack-{task.task_id}"
+                    self._send(task, job, job, ack), name=f"zett-agent-ack-{task.task_id}"
                 )
             )
 
-
-async def _send(job: SupportsSend, message: dict[str, Any]) -> None:
-    with contextlib.suppress(RuntimeError):  # the child ended, or is being killed
-        await job.send(message)
+    async def _send(
+        self, task: SubAgentTask, job: ChildJob, channel: SupportsSend, step: int
+    ) -> None:
+        # an id, as every message to a child has (a runner may deliver by it)
+        try:
+            await channel.send({"id": f"journal-ack-{step}", "journal_ack": step})
+        except RuntimeError as exc:
+            if task.job is job and not job.done():  # it waits for this: it would never go on
+                self._guard.stop(
+                    task, f"its child could not be told that step {step} was committed: {exc}"
+                )
