@@ -34,7 +34,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from zett_agent.extensions._tasks._store_file import connect, read
@@ -169,13 +169,26 @@ class TaskStore:
         self._put(("durable", parent_session_id, task_id, columns))
 
     def journal(
-        self, parent_session_id: str, task_id: str, step: int, text: str, *, snapshot: bool
+        self,
+        parent_session_id: str,
+        task_id: str,
+        step: int,
+        text: str,
+        *,
+        snapshot: bool,
+        failed: Callable[[BaseException], object] | None = None,
     ) -> asyncio.Future[None] | None:
         """Add step ``step`` (its entry's JSON ``text``) to a durable task's journal.
 
         ``snapshot``: the step replaces every earlier one. Returns a future of the commit (in
-        a running loop); it raises ``TaskStoreError`` if the write failed.
+        a running loop); it raises ``TaskStoreError`` if the write failed. With ``failed``
+        instead, no future is made (a commit wakes no one): ``failed(error)`` is called on the
+        loop if the write failed.
         """
+        if failed is not None:
+            loop = asyncio.get_running_loop()
+            self._put(("journal", parent_session_id, task_id, step, text, snapshot, (loop, failed)))
+            return None
         future = _future()
         self._put(("journal", parent_session_id, task_id, step, text, snapshot, future))
         return future
@@ -334,11 +347,16 @@ class TaskStore:
                     self.path,
                     exc,
                 )
-        for future in futures:
-            if future is not None:
-                _resolve(future, error)
-        for future, rows in reads:
-            _resolve(future, error, rows)
+        settled: list[tuple[asyncio.Future[Any], Any]] = [
+            (future, None) for future in futures if isinstance(future, asyncio.Future)
+        ]
+        if error is not None:  # the writes whose caller is told only of a failure
+            for future in futures:
+                if isinstance(future, tuple):
+                    loop, failed = future
+                    with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
+                        loop.call_soon_threadsafe(failed, error)
+        _resolve_all([*settled, *reads], error)
 
     @staticmethod
     def _apply(db: sqlite3.Connection, op: tuple[Any, ...], now: float) -> None:
@@ -423,14 +441,23 @@ def _future() -> asyncio.Future[None] | None:
         return None
 
 
-def _resolve(future: asyncio.Future[Any], error: BaseException | None, value: Any = None) -> None:
-    def settle() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(value)
-        else:
-            future.set_exception(error)
+def _resolve_all(
+    futures: list[tuple[asyncio.Future[Any], Any]], error: BaseException | None
+) -> None:
+    """Settle ``futures`` (each with its value) with one wake-up of each loop they belong to."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for future, value in futures:
+        by_loop.setdefault(future.get_loop(), []).append((future, value))
 
-    with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
-        future.get_loop().call_soon_threadsafe(settle)
+    def settle(group: list[tuple[asyncio.Future[Any], Any]]) -> None:
+        for future, value in group:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    for loop, group in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
+            loop.call_soon_threadsafe(settle, group)

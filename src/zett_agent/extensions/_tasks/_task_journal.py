@@ -93,24 +93,30 @@ class TaskJournal(TaskPart):
             )
             return True
         durable.steps, durable.bytes, durable.next_step = steps, total, step + 1
-        committed = store.journal(
-            task.parent_session_id, task.task_id, step, text, snapshot=entry.snapshot
-        )
+        where = (task.parent_session_id, task.task_id, step, text)
+        if event.get("ack") is not True:  # nobody waits: only a failure is told
+            store.journal(
+                *where, snapshot=entry.snapshot, failed=functools.partial(self._failed, task)
+            )
+            return True
+        committed = store.journal(*where, snapshot=entry.snapshot)
         if committed is not None:
-            ack = step if event.get("ack") is True else None
-            committed.add_done_callback(functools.partial(self._committed, task, job, ack))
+            committed.add_done_callback(functools.partial(self._committed, task, job, step))
         return True
 
+    def _failed(self, task: SubAgentTask, error: BaseException) -> None:
+        self._guard.stop(
+            task, f"the task store could not write its journal, so it was stopped: {error}"
+        )
+
     def _committed(
-        self, task: SubAgentTask, job: ChildJob, ack: int | None, future: asyncio.Future[None]
+        self, task: SubAgentTask, job: ChildJob, ack: int, future: asyncio.Future[None]
     ) -> None:
         error = None if future.cancelled() else future.exception()
         if error is not None:
-            self._guard.stop(
-                task, f"the task store could not write its journal, so it was stopped: {error}"
-            )
+            self._failed(task, error)
             return
-        if ack is None or task.job is not job or task.done() or task.stop_reason is not None:
+        if task.job is not job or task.done() or task.stop_reason is not None:
             return
         if isinstance(job, SupportsSend):
             self._chores.add(
