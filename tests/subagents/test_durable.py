@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sqlite3
 import sys
@@ -28,6 +29,7 @@ from support.durable_children import (
     AFTER_EFFECT,
     BEFORE_EFFECT,
     IN_MODEL,
+    BrokeredSteps,
     Compacts,
     Log,
     Steps,
@@ -49,7 +51,8 @@ from zett_agent.extensions.async_subagent import (
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.messages import AgentMessage
 from zett_agent.model import ModelRequest
-from zett_agent.process import ProcessLimits
+from zett_agent.process import ProcessLimits, Sandbox
+from zett_agent.process._sandbox._landlock import abi
 from zett_agent.runners import InProcessRunner
 from zett_agent.tools import AgentTool
 
@@ -503,3 +506,32 @@ async def test_a_compacted_history_shrinks_the_journal_and_resumes_from_it(
         [(rows, first)] = db.execute("SELECT count(*), min(step) FROM journal").fetchall()
     # the journal holds the steps since the last snapshot, the snapshot first
     assert task.durable is not None and rows == task.durable.steps and first > 1
+
+
+# -- in a sandbox, with brokered model calls -------------------------------------------------------
+
+_ABI, _WHY = abi()
+
+
+@pytest.mark.skipif(_ABI < 6, reason=f"Landlock ABI {_ABI} < 6: {_WHY}")
+async def test_a_sandboxed_childs_brokered_steps_resume_after_its_death(tmp_path: Path) -> None:
+    die_at(tmp_path, 2, AFTER_EFFECT)
+    sandbox = Sandbox(write=[tmp_path], user=0 if os.geteuid() == 0 else None)
+    confined = worker(
+        BrokeredSteps(str(tmp_path), 4),
+        tools=[work_tool(str(tmp_path))],
+        max_turns=50,
+        sandbox=sandbox,
+    )
+    async with durable(tmp_path, confined) as extension:
+        client = await session(extension)
+        task = await finished(extension, await start(extension, client))
+        assert (task.status, task.output) == (SubAgentTaskStatus.COMPLETED, REPORT), task.error
+        info = extension.task_info(task)
+        assert info["resumes"] == 1
+        assert info["sandbox"]["seccomp"] is True
+        assert info["broker"]["calls"] == 2  # the second child's: steps 3 and 4
+        log = Log.read(tmp_path)
+        assert {pid for _, pid in log.model} == {os.getpid()}  # the parent made them
+        assert_once_each(log, 4, again=(2,))
+        await client.close()

@@ -165,3 +165,10 @@ class Compacts(Extension):
         if context.turn > self.after and len(messages) > self.keep + 1:
             summary = UserMessage(f"{messages[0].content} (earlier steps compacted)")  # type: ignore[union-attr]
             context.replace_messages([summary, *messages[-self.keep :]])
+
+
+class BrokeredSteps(Steps):
+    """``Steps`` as a brokerable model: a brokered child's parent makes its calls."""
+
+    brokerable = True
+    model = "brokered-steps"
