@@ -13,7 +13,10 @@
 - Parent to child: cloudpickle (lambdas, closures, ``__main__`` functions work; an unpicklable
   job raises ``TypeError`` from ``submit``). Child to parent: JSON only, in small frames whose
   decoded size counts against a per-job budget (``max_buffered_bytes``); the parent never
-  unpickles child data, and data JSON would change (a non-``str`` key) is refused.
+  unpickles child data, and data JSON would change (a non-``str`` key) is refused. The one
+  door that does unpickle, by choice, is the ``concurrent.futures`` Executor's default mode
+  (``ProcessPoolExecutor``, ``pool.executor()``): the standard library's semantics, for jobs the
+  program trusts (``results="json"`` keeps the strict wire).
 - Containment (``ProcessPool(containment=...)``): a cgroup v2 per worker where the machine
   allows (kill with ``cgroup.kill``, atomic against forks), else freezes found by walking
   ``/proc``. ``cancel()``, timeouts, protocol errors and ``close()`` kill the job's whole process

@@ -4,7 +4,8 @@ What a job leaves for the host to remove once its tree is dead (the cgroups it c
 worker's cgroup, a sandbox's scratch directory with whatever the job wrote into it) has a size the
 job chose. Removing it inline would stall the event loop for as long as the job made it take
 (4,000 sibling cgroups cost 190 to 380 ms), so the pool hands such work to its ``Janitor``: a
-single thread, started on first use, that runs each removal in turn. Nothing waits on it but
+single thread, started on first use, that runs each removal in turn (or, at interpreter exit,
+when no thread may start any more, the caller's). Nothing waits on it but
 ``close()``, and that only for a bounded time: what is left then is stopped (every removal checks
 ``stopping`` between steps) and stays for the next pool to sweep.
 """
@@ -43,7 +44,12 @@ class Janitor:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="zett-agent-janitor")
-        self._last = self._executor.submit(_quietly, fn, *args)
+        try:
+            self._last = self._executor.submit(_quietly, fn, *args)
+        except RuntimeError:
+            # the interpreter is exiting (a pool closed by an exit hook): no new thread may
+            # start (Python 3.12) nor work be scheduled; what is left to do is done here
+            _quietly(fn, *args)
 
     @property
     def busy(self) -> bool:

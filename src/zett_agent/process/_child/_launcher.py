@@ -417,6 +417,7 @@ def main() -> None:
             importlib.import_module(name)
         import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
 
+        from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
         from . import _worker  # noqa: F401
     except BaseException as exc:
         launcher.send({"op": "hello", "error": f"{type(exc).__name__}: {exc}"})

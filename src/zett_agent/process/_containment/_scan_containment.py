@@ -44,6 +44,9 @@ class ScanContainment(Containment):
     def open(self, loop: asyncio.AbstractEventLoop, janitor: Janitor) -> None:
         super().open(loop, janitor)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="zett-agent-kill")
+        # the kill thread starts now, not at the first kill: a kill never needs a new thread
+        # (at interpreter exit none may start, and a host at its process limit has none to give)
+        self._executor.submit(int)
 
     def launcher_args(self) -> dict[str, str]:
         return {}
@@ -79,7 +82,10 @@ class ScanContainment(Containment):
                 return  # the thread takes them in its next round
             self._running = True
         assert self._executor is not None
-        self._executor.submit(self._kill_rounds)
+        try:
+            self._executor.submit(self._kill_rounds)
+        except RuntimeError:  # the interpreter is exiting and the thread is gone: kill here
+            self._kill_rounds()
 
     def _kill_rounds(self) -> None:
         """In the kill thread.

@@ -331,21 +331,30 @@ class ProcessPool:
             self.__close_task = engine.loop.create_task(engine.shutdown())
         await asyncio.shield(self.__close_task)
 
-    def executor(self) -> PoolExecutor:
+    def executor(self, *, results: str = "pickle") -> PoolExecutor:
         """A ``concurrent.futures.Executor`` over this started pool (``PoolExecutor``).
 
         ``submit`` from any thread, ``map``, ``shutdown``, ``loop.run_in_executor(executor, fn,
         *args)``; ``future.cancel()`` kills a running job's tree, and a crash fails only its own
         future. Its ``shutdown()`` leaves the pool open.
 
-        Raises ``RuntimeError`` before ``start()`` and ``PoolClosed`` after ``close()``.
+        ``results="pickle"`` (the default): results and exceptions come back pickled, as the
+        standard library's executor returns them: the host unpickles what this executor's jobs
+        return, so every job of this pool must be trusted (a job can tamper with a worker a
+        later job reuses); ``results="json"``: JSON data and ``JobFailed``, as ``submit``
+        (docs/threat-model.md). The host's ``multiprocessing`` authkey is not sent to a shared
+        pool's workers (``ProcessPoolExecutor`` sends it to its own).
+
+        Raises ``RuntimeError`` before ``start()``, ``PoolClosed`` after ``close()``, and
+        ``ValueError`` for another ``results``.
         """
+        mode = check_choice("ProcessPool.executor(results=...)", results, ("pickle", "json"))
         loop = self.__engine.loop
         if self.__engine.closed:
             raise PoolClosed("executor() after close(); create a new ProcessPool")
         if not self.__started or loop is None:
             raise RuntimeError("ProcessPool.executor() before start(); start the pool first")
-        return PoolExecutor(self, loop)
+        return PoolExecutor(self, loop, results="pickle" if mode == "pickle" else "json")
 
     # -- submitting -------------------------------------------------------------------------
 
