@@ -53,7 +53,7 @@ from zett_agent.messages import AgentMessage
 from zett_agent.model import ModelRequest
 from zett_agent.process import ProcessLimits, Sandbox
 from zett_agent.process._sandbox._landlock import abi
-from zett_agent.runners import InProcessRunner
+from zett_agent.runners import InProcessRunner, ProcessRunner
 from zett_agent.tools import AgentTool
 
 HANG_GUARD = 60
@@ -508,30 +508,47 @@ async def test_a_compacted_history_shrinks_the_journal_and_resumes_from_it(
     assert task.durable is not None and rows == task.durable.steps and first > 1
 
 
-# -- in a sandbox, with brokered model calls -------------------------------------------------------
+# -- brokered model calls, in a sandbox or not ----------------------------------------------------
 
 _ABI, _WHY = abi()
 
 
-@pytest.mark.skipif(_ABI < 6, reason=f"Landlock ABI {_ABI} < 6: {_WHY}")
-async def test_a_sandboxed_childs_brokered_steps_resume_after_its_death(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sandboxed",
+    [
+        False,
+        pytest.param(
+            True, marks=pytest.mark.skipif(_ABI < 6, reason=f"Landlock ABI {_ABI} < 6: {_WHY}")
+        ),
+    ],
+    ids=["brokered", "sandboxed-and-brokered"],
+)
+async def test_a_brokered_childs_steps_resume_after_its_death(
+    tmp_path: Path, sandboxed: bool
+) -> None:
     die_at(tmp_path, 2, AFTER_EFFECT)
-    sandbox = Sandbox(write=[tmp_path], user=0 if os.geteuid() == 0 else None)
-    confined = worker(
+    sandbox = (
+        Sandbox(write=[tmp_path], user=0 if os.geteuid() == 0 else None) if sandboxed else None
+    )
+    brokered = worker(
         BrokeredSteps(str(tmp_path), 4),
         tools=[work_tool(str(tmp_path))],
         max_turns=50,
         sandbox=sandbox,
     )
-    async with durable(tmp_path, confined) as extension:
+    # a sandboxed child is always brokered; the other asks its runner for it
+    runner = ProcessRunner(broker=not sandboxed)
+    async with runner, durable(tmp_path, brokered, runner=runner) as extension:
         client = await session(extension)
         task = await finished(extension, await start(extension, client))
         assert (task.status, task.output) == (SubAgentTaskStatus.COMPLETED, REPORT), task.error
         info = extension.task_info(task)
         assert info["resumes"] == 1
-        assert info["sandbox"]["seccomp"] is True
+        assert info["deaths"] == [{"try": 1, "reason": "the child process was killed by SIGKILL"}]
+        if sandboxed:
+            assert info["sandbox"]["seccomp"] is True
         assert info["broker"]["calls"] == 2  # the second child's: steps 3 and 4
         log = Log.read(tmp_path)
-        assert {pid for _, pid in log.model} == {os.getpid()}  # the parent made them
+        assert {pid for _, pid in log.model} == {os.getpid()}  # the parent made them all
         assert_once_each(log, 4, again=(2,))
         await client.close()
