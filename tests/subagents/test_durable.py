@@ -286,6 +286,33 @@ async def test_journal_steps_a_hostile_child_forges_stop_only_its_own_task(
         await client.close()
 
 
+@pytest.mark.parametrize(
+    "step", [1, 2], ids=["a-step-nobody-waits-for", "a-model-response-the-child-waits-for"]
+)
+async def test_a_journal_step_the_store_fails_to_write_stops_its_task(
+    tmp_path: Path, step: int
+) -> None:
+    async with durable(tmp_path) as extension:
+        client = await session(extension)
+        # another connection makes the store's writes of that step fail from now on
+        with contextlib.closing(sqlite3.connect(tmp_path / "tasks.sqlite")) as db:
+            db.execute(
+                f"CREATE TRIGGER full BEFORE INSERT ON journal WHEN NEW.step = {step} "
+                "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+            )
+            db.commit()
+        task = await finished(extension, await start(extension, client))
+        assert task.status is SubAgentTaskStatus.FAILED
+        assert (task.error or "").startswith(
+            "the task store could not write its journal, so it was stopped: task store "
+        ), task.error
+        assert "database or disk is full" in (task.error or "")
+        assert extension.task_info(task)["resumes"] == 0  # a stop is never resumed
+        # no model response was acknowledged after the failure, so no tool call ran
+        assert Log.read(tmp_path).tool_steps() == []
+        await client.close()
+
+
 # -- suspended by close, resumed by the next extension --------------------------------------------
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -177,17 +178,18 @@ class TaskStore:
         *,
         snapshot: bool,
         failed: Callable[[BaseException], object] | None = None,
+        committed: Callable[[], object] | None = None,
     ) -> asyncio.Future[None] | None:
         """Add step ``step`` (its entry's JSON ``text``) to a durable task's journal.
 
         ``snapshot``: the step replaces every earlier one. Returns a future of the commit (in
         a running loop); it raises ``TaskStoreError`` if the write failed. With ``failed``
-        instead, no future is made (a commit wakes no one): ``failed(error)`` is called on the
-        loop if the write failed.
+        instead, no future is made: ``failed(error)`` is called on the loop if the write
+        failed, else ``committed()`` if given (a commit nobody waits for wakes no one).
         """
         if failed is not None:
-            loop = asyncio.get_running_loop()
-            self._put(("journal", parent_session_id, task_id, step, text, snapshot, (loop, failed)))
+            listener = (asyncio.get_running_loop(), failed, committed)
+            self._put(("journal", parent_session_id, task_id, step, text, snapshot, listener))
             return None
         future = _future()
         self._put(("journal", parent_session_id, task_id, step, text, snapshot, future))
@@ -350,13 +352,15 @@ class TaskStore:
         settled: list[tuple[asyncio.Future[Any], Any]] = [
             (future, None) for future in futures if isinstance(future, asyncio.Future)
         ]
-        if error is not None:  # the writes whose caller is told only of a failure
-            for future in futures:
-                if isinstance(future, tuple):
-                    loop, failed = future
-                    with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
-                        loop.call_soon_threadsafe(failed, error)
-        _resolve_all([*settled, *reads], error)
+        calls: list[tuple[asyncio.AbstractEventLoop, Callable[[], object]]] = []
+        for future in futures:  # the writes whose caller gave callbacks instead
+            if isinstance(future, tuple):
+                loop, failed, committed = future
+                if error is not None:
+                    calls.append((loop, functools.partial(failed, error)))
+                elif committed is not None:
+                    calls.append((loop, committed))
+        _resolve_all([*settled, *reads], error, calls)
 
     @staticmethod
     def _apply(db: sqlite3.Connection, op: tuple[Any, ...], now: float) -> None:
@@ -442,14 +446,23 @@ def _future() -> asyncio.Future[None] | None:
 
 
 def _resolve_all(
-    futures: list[tuple[asyncio.Future[Any], Any]], error: BaseException | None
+    futures: list[tuple[asyncio.Future[Any], Any]],
+    error: BaseException | None,
+    calls: list[tuple[asyncio.AbstractEventLoop, Callable[[], object]]],
 ) -> None:
-    """Settle ``futures`` (each with its value) with one wake-up of each loop they belong to."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
-    for future, value in futures:
-        by_loop.setdefault(future.get_loop(), []).append((future, value))
+    """Settle ``futures`` (each with its value) and make ``calls``, one wake-up per loop.
 
-    def settle(group: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    Each call runs on its own loop, after the futures of that loop were settled.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[Callable[[], object]]]] = {}
+    for future, value in futures:
+        by_loop.setdefault(future.get_loop(), ([], []))[0].append((future, value))
+    for loop, call in calls:
+        by_loop.setdefault(loop, ([], []))[1].append(call)
+
+    def settle(
+        group: list[tuple[asyncio.Future[Any], Any]], then: list[Callable[[], object]]
+    ) -> None:
         for future, value in group:
             if future.done():
                 continue
@@ -457,7 +470,12 @@ def _resolve_all(
                 future.set_result(value)
             else:
                 future.set_exception(error)
+        for call in then:  # each on its own: one that raises does not keep the others
+            try:
+                call()
+            except Exception:
+                log.exception("a callback of a task store's commit raised")
 
-    for loop, group in by_loop.items():
+    for loop, (group, then) in by_loop.items():
         with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
-            loop.call_soon_threadsafe(settle, group)
+            loop.call_soon_threadsafe(settle, group, then)

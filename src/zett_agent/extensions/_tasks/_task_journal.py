@@ -93,15 +93,17 @@ class TaskJournal(TaskPart):
             )
             return True
         durable.steps, durable.bytes, durable.next_step = steps, total, step + 1
-        where = (task.parent_session_id, task.task_id, step, text)
-        if event.get("ack") is not True:  # nobody waits: only a failure is told
-            store.journal(
-                *where, snapshot=entry.snapshot, failed=functools.partial(self._failed, task)
-            )
-            return True
-        committed = store.journal(*where, snapshot=entry.snapshot)
-        if committed is not None:
-            committed.add_done_callback(functools.partial(self._committed, task, job, step))
+        # a step the child waits for is acknowledged once committed; any other wakes no one
+        ack = functools.partial(self._committed, task, job, step) if event.get("ack") else None
+        store.journal(
+            task.parent_session_id,
+            task.task_id,
+            step,
+            text,
+            snapshot=entry.snapshot,
+            failed=functools.partial(self._failed, task),
+            committed=ack,
+        )
         return True
 
     def _failed(self, task: SubAgentTask, error: BaseException) -> None:
@@ -109,13 +111,7 @@ class TaskJournal(TaskPart):
             task, f"the task store could not write its journal, so it was stopped: {error}"
         )
 
-    def _committed(
-        self, task: SubAgentTask, job: ChildJob, ack: int, future: asyncio.Future[None]
-    ) -> None:
-        error = None if future.cancelled() else future.exception()
-        if error is not None:
-            self._failed(task, error)
-            return
+    def _committed(self, task: SubAgentTask, job: ChildJob, ack: int) -> None:
         if task.job is not job or task.done() or task.stop_reason is not None:
             return
         if isinstance(job, SupportsSend):
