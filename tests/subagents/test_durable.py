@@ -492,9 +492,12 @@ async def test_task_resume_continues_a_finished_task_with_its_conversation(
 # -- what a durable task needs --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["process", "in-process-uncopied"])
 async def test_a_definition_that_cannot_be_pickled_is_refused_at_task_start(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
+    # a local function holding a lock: neither importable (cloudpickle ships it by value)
+    # nor picklable (the lock); an in-process runner that does not copy would not notice
     lock = threading.Lock()
 
     def locked() -> str:
@@ -504,10 +507,15 @@ async def test_a_definition_that_cannot_be_pickled_is_refused_at_task_start(
     holds_a_lock = worker(
         StepModel([final()]), tools=[AgentTool("locked", "L.", {"type": "object"}, locked)]
     )
-    extension = durable(tmp_path, holds_a_lock, runner=InProcessRunner(copy=False))
+    runner = make_runner("process") if kind == "process" else InProcessRunner(copy=False)
+    extension = durable(tmp_path, holds_a_lock, runner=runner)
     async with extension:
         client = await session(extension)
-        with pytest.raises(TypeError, match=r"cannot start a durable task of 'worker': tool "):
+        with pytest.raises(
+            TypeError,
+            match=r"cannot start a durable task of 'worker': tool .*must be picklable or "
+            r"importable: keep locks, clients and connections out of it",
+        ):
             await start(extension, client)
         assert extension.tasks("parent") == ()
         await client.close()
