@@ -1,5 +1,7 @@
 """Tools the model may call: ``ToolResult``, ``AgentTool`` and the ``tool`` decorator.
 
+Also what a running handler may ask about its own call: ``tool_context()``.
+
 Argument validation lives in ``zett_agent._tool_args`` and building a schema from a function
 in ``zett_agent._tool_schema``. The public names of all three are listed once, in
 ``zett_agent.tools``, which re-exports them.
@@ -7,6 +9,7 @@ in ``zett_agent._tool_schema``. The public names of all three are listed once, i
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import re
@@ -14,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from zett_agent._messages import ToolCall
 from zett_agent._model import ToolSpec
 from zett_agent._tool_args import validate_arguments
 from zett_agent._tool_schema import _enum_adapter, schema_for_function
@@ -46,6 +50,59 @@ class ToolResult:
     def error(cls, message: str) -> ToolResult:
         """A failed result whose text tells the model what went wrong."""
         return cls(message, is_error=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """The tool call a handler is running for, as ``tool_context()`` returns it.
+
+    ``idempotency_key`` names this call so that its effect can be made exactly-once: a
+    handler that sends an email, charges a card or writes a record passes it to the service
+    (or keeps it beside the effect) and skips the effect when the key was seen. In a child of
+    ``AsyncSubAgentExtension(durable=True)`` it is the same on every resume of the call (a
+    call started but not recorded done runs again when its task resumes: tool calls are
+    at-least-once there); elsewhere it is unique to the call. 32 hexadecimal characters.
+
+    Attributes:
+        call: The call: its id, the tool's name and the arguments the model sent.
+        session_id: The session whose request made the call.
+        idempotency_key: The call's key (see above).
+    """
+
+    call: ToolCall
+    session_id: str
+    idempotency_key: str
+
+
+_CURRENT_CALL: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
+    "zett_agent_tool_call", default=None
+)
+
+
+def tool_context() -> ToolContext:
+    """The tool call the calling handler runs for (``ToolContext``), inside a tool handler.
+
+    Works in sync and async handlers, in the ``on_tool_call`` chain, and in threads a
+    handler starts with ``asyncio.to_thread`` (they copy the context).
+
+    Raises:
+        LookupError: Called outside a tool call.
+    """
+    current = _CURRENT_CALL.get()
+    if current is None:
+        raise LookupError(
+            "tool_context() is called outside a tool call; call it inside the tool's handler"
+        )
+    return current
+
+
+def enter_tool_call(context: ToolContext) -> None:
+    """Make ``context`` what ``tool_context()`` returns in the current task from now on.
+
+    For the runtime, which calls it as each tool call starts (each call runs in an asyncio
+    task of its own), and for what runs in a durable child, which gives a call its stable key.
+    """
+    _CURRENT_CALL.set(context)
 
 
 class UnknownToolError(LookupError):

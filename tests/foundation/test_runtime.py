@@ -462,3 +462,84 @@ async def test_a_dropped_agent_and_its_run_contexts_are_freed_without_the_cycle_
         assert [ref for ref in contexts if ref() is not None] == []
     finally:
         gc.enable()
+
+
+# --- continuing a request a dead process left ------------------------------------------------
+
+
+async def test_a_continuation_runs_only_the_unanswered_calls_then_goes_on_without_new_input() -> (
+    None
+):
+    from zett_agent._runtime._agent import continue_request
+
+    ran: list[str] = []
+
+    @tool
+    def work(name: str) -> str:
+        """Do one piece of work.
+
+        Args:
+            name: Which piece.
+        """
+        ran.append(name)
+        return f"did {name}"
+
+    asked = calls(
+        tool_call("work", call_id="a", name="a"), tool_call("work", call_id="b", name="b")
+    )
+    model = ScriptedModel(["all done"])
+    log: list[tuple[str, str]] = []
+    agent = Agent(model, tools=[work], extensions=[Recorder(log)])
+    config = AgentRunConfig(session_id="s", max_turns=2)
+    # what a dead process left: the input, the model's calls, one of their results
+    agent.session_store.load("s").messages[:] = [
+        UserMessage("go"),
+        asked,
+        ToolMessage("a", "work", "did a"),
+    ]
+    result = await continue_request(agent, config, turns_done=1)
+
+    assert result.content == "all done"
+    assert ran == ["b"]  # the answered call did not run again
+    assert [type(m).__name__ for m in agent.messages("s")] == [
+        "UserMessage", "AssistantMessage", "ToolMessage", "ToolMessage", "AssistantMessage"
+    ]  # fmt: skip
+    # no input appended, so no on_message; that turn's after_turn, then the next turn's
+    hooks = [name for name, _ in log]
+    assert "Recorder.on_message" not in hooks
+    assert hooks.count("Recorder.after_turn") == 2
+    # max_turns counts the turns made before: with every call answered, a continuation after
+    # max_turns turns makes no model call
+    again = Agent(ScriptedModel(["never asked"]), tools=[work])
+    again.session_store.load("t").messages[:] = [
+        UserMessage("go"),
+        asked,
+        ToolMessage("a", "work", "did a"),
+        ToolMessage("b", "work", "did b"),
+    ]
+    with pytest.raises(MaxTurnsExceeded):
+        await continue_request(again, AgentRunConfig(session_id="t", max_turns=1), turns_done=1)
+    assert ran == ["b"]
+
+
+async def test_tool_context_names_the_call_and_gives_each_call_its_own_key() -> None:
+    from zett_agent.tools import ToolContext, tool_context
+
+    seen: list[ToolContext] = []
+
+    @tool
+    async def probe() -> str:
+        """Look at the call."""
+        seen.append(await asyncio.to_thread(tool_context))  # a thread copies the context
+        return "ok"
+
+    with pytest.raises(LookupError, match="outside a tool call"):
+        tool_context()
+    model = ScriptedModel(
+        [calls(tool_call("probe", call_id="x"), tool_call("probe", call_id="y")), "done"]
+    )
+    await Agent(model, tools=[probe]).run("go", config=AgentRunConfig(session_id="k"))
+    assert sorted(c.call.id for c in seen) == ["x", "y"]
+    assert {c.session_id for c in seen} == {"k"}
+    keys = {c.idempotency_key for c in seen}
+    assert len(keys) == 2 and all(len(k) == 32 for k in keys)

@@ -27,7 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from zett_agent.extensions._tasks._store_schema import MAX_COUNT, MAX_ID_BYTES, MAX_TEXT_BYTES
+from zett_agent.extensions._tasks._store_schema import (
+    MAX_COUNT,
+    MAX_ID_BYTES,
+    MAX_TEXT_BYTES,
+    SCHEMA_VERSION,
+)
 from zett_agent.extensions.async_subagent import (
     AsyncSubAgentExtension,
     SubAgentTask,
@@ -253,7 +258,8 @@ DAMAGES = {
     ),
     "a schema version from the future": Damage(
         "PRAGMA user_version = 99",
-        "was written by a newer zett_agent (task store schema 99; this version reads schema 1",
+        "was written by a newer zett_agent (task store schema 99; this version reads schema "
+        f"{SCHEMA_VERSION} and older)",
     ),
     "another application's database": Damage(
         "PRAGMA application_id = 1",
@@ -546,3 +552,176 @@ async def test_progress_and_messages_come_back_as_they_were_stored(tmp_path: Pat
         }  # fmt: skip
         assert (second.progress, second.input_tokens, second.turns) == ({"done": 2}, 7, 2)
         assert extension.get_task("parent", "task-3").progress == {"done": 3}
+
+
+# -- schema 2: the durable tasks' tables ------------------------------------------------------
+
+
+def downgrade(path: Path) -> None:
+    """Make the store at ``path`` what a schema-1 version wrote: no durable tables."""
+    damage(path, "DROP TABLE journal; DROP TABLE durable; PRAGMA user_version = 1;")
+
+
+def test_a_store_of_schema_1_is_upgraded_in_place_and_keeps_its_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.sqlite"
+    make_store(path)
+    downgrade(path)
+    store = TaskStore(path)
+    assert store.upgraded_from == 1
+    assert [(t.task_id, t.status) for t in store.tasks] == [
+        ("task-1", "running"), ("task-2", "completed"), ("task-3", "running")
+    ]  # fmt: skip
+    store.close_now()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        names = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    assert {"durable", "journal"} <= names
+    again = TaskStore(path)  # exactly a new store's schema: it opens as one
+    assert again.upgraded_from is None
+    again.close_now()
+
+
+def test_a_store_that_cannot_be_upgraded_is_refused_naming_both_versions_and_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zett_agent.extensions._tasks import _store_schema
+
+    path = tmp_path / "tasks.sqlite"
+    make_store(path)
+    downgrade(path)
+    schema_1 = _store_schema.UPGRADES[1][0]
+    # the first table is made, the second fails: the transaction leaves nothing
+    monkeypatch.setitem(
+        _store_schema.UPGRADES, 1, (schema_1, "CREATE TABLE durable (x); CREATE TABLE tasks (y);")
+    )
+    before = snapshot(tmp_path)
+    with pytest.raises(
+        TaskStoreError,
+        match=re.escape(
+            f"task store {path} was written by an older zett_agent (task store schema 1) and "
+            f"could not be upgraded to schema {SCHEMA_VERSION} (table tasks already exists); "
+            "it was left as it is"
+        ),
+    ):
+        TaskStore(path)
+    after = snapshot(tmp_path)
+    assert after.get("tasks.sqlite") == before["tasks.sqlite"]
+    assert writer_threads() == []
+    monkeypatch.undo()
+    upgraded = TaskStore(path)  # fixed: it upgrades
+    assert upgraded.upgraded_from == 1
+    upgraded.close_now()
+
+
+ENTRY = '{"m":{"role":"user","content":"go"},"input":true}'
+
+
+def durable_store(path: Path) -> None:
+    """Durable task-1 and task-2, both running, each with a journal of three steps."""
+    store = TaskStore(path)
+    for number in (1, 2):
+        store.insert(row(number, "running"), prompt="go")
+        for step in (1, 2, 3):
+            entry = ENTRY if step == 1 else f'{{"m":{{"role":"user","content":"{step}"}}}}'
+            store.journal("parent", f"task-{number}", step, entry, snapshot=False)
+    store.update_durable(
+        "parent", "task-2", resumes=1, crashes=1, deaths=[{"try": 1, "reason": "x"}]
+    )
+    store.close_now()
+
+
+J2 = "table journal, row seq=5 (task 'task-2' of session 'parent')"
+JOURNAL_DAMAGES = {
+    "not JSON": (
+        "UPDATE journal SET entry = 'nope' WHERE seq = 5",
+        f"{J2}, column entry: the text is not valid JSON",
+    ),
+    "not an entry": (
+        """UPDATE journal SET entry = '{"m":{"role":"wizard"}}' WHERE seq = 5""",
+        f"{J2}, column entry: m.role must be one of user, assistant, tool, agent",
+    ),
+    "a step missing": (
+        "UPDATE journal SET step = 7 WHERE seq = 5",
+        f"{J2}, column step: step 7 follows step 1: the steps between are missing",
+    ),
+    "a step as text": (
+        "UPDATE journal SET step = 'two' WHERE seq = 5",
+        f"{J2}, column step: expected integer, got a value of type text",
+    ),
+    "a late snapshot": (
+        """UPDATE journal SET entry = '{"snapshot":[]}' WHERE seq = 5""",
+        f"{J2}, column entry: a snapshot may only be a journal's first step",
+    ),
+    "deeply nested": (
+        f"""UPDATE journal SET entry = '{{"m":{"[" * 100}' WHERE seq = 5""",
+        f"{J2}, column entry: the JSON is nested deeper than the 64 levels",
+    ),
+    "a blob": (
+        "UPDATE journal SET entry = x'00' WHERE seq = 5",
+        f"{J2}, column entry: expected text, got a value of type blob",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", JOURNAL_DAMAGES.values(), ids=JOURNAL_DAMAGES.keys())
+async def test_a_damaged_journal_fails_only_its_task_and_the_others_resume(
+    tmp_path: Path, case: tuple[str, str]
+) -> None:
+    path = tmp_path / "tasks.sqlite"
+    durable_store(path)
+    damage(path, case[0] + "; INSERT INTO journal (parent_session_id, task_id, step, entry) "
+           f"VALUES ('nobody', 'task-9', 1, '{ENTRY}')")  # fmt: skip
+    store = TaskStore(path)
+    try:
+        assert store.journals[("parent", "task-1")].damaged is None
+        assert case[1] in (store.journals[("parent", "task-2")].damaged or "")
+        async with AsyncSubAgentExtension(store=store, durable=True) as extension:
+            first, second = extension.tasks("parent")
+            assert first.status is SubAgentTaskStatus.RUNNING  # it resumes at the next request
+            assert second.status is SubAgentTaskStatus.FAILED and second.lost
+            assert (second.error or "").startswith(
+                "lost: its journal is damaged, so it could not resume after its host stopped "
+                "(table journal, row seq="
+            )
+            assert case[1] in (second.error or "")
+            assert extension.task_info(second)["deaths"] == [{"try": 1, "reason": "x"}]
+            await extension.cancel(first)
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:  # the orphan row was deleted
+        assert db.execute("SELECT count(*) FROM journal WHERE task_id = 'task-9'").fetchone() == (
+            0,
+        )
+
+
+DURABLE_DAMAGES = {
+    "deaths of another shape": (
+        """UPDATE durable SET deaths = '[{"try": "one"}]' WHERE task_id = 'task-2'""",
+        "table durable, row rowid=2 (task 'task-2' of session 'parent'), column deaths: expected "
+        '[{"try": n, "reason": "..."}, ...]',
+    ),
+    "a prompt as a blob": (
+        "UPDATE durable SET prompt = x'00' WHERE task_id = 'task-1'",
+        "table durable, row rowid=1 (task 'task-1' of session 'parent'), column prompt: "
+        "expected text, got a value of type blob",
+    ),
+    "a durable row of no task": (
+        "INSERT INTO durable (parent_session_id, task_id, prompt) VALUES ('p', 'task-7', 'x')",
+        "table durable, row rowid=3 (task 'task-7' of session 'p'), column task_id: the store "
+        "holds no such task",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DURABLE_DAMAGES.values(), ids=DURABLE_DAMAGES.keys())
+def test_a_damaged_durable_row_refuses_the_store_and_leaves_it_as_it_is(
+    tmp_path: Path, case: tuple[str, str]
+) -> None:
+    path = tmp_path / "tasks.sqlite"
+    durable_store(path)
+    damage(path, case[0])
+    before = snapshot(tmp_path)
+    with pytest.raises(TaskStoreError, match=re.escape(case[1])):
+        TaskStore(path)
+    assert snapshot(tmp_path) == before
+    assert writer_threads() == []

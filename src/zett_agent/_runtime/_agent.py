@@ -4,8 +4,9 @@
 cancels its background requests, and makes the ``RunState`` of every request it runs. How a
 request runs lives in companions the agent owns: its course turn by turn (``_turns``), the
 model call (``_model_call``), the tool batch (``_tool_batch``) and the extensions' hooks and
-events (``_hooks``). ``add_extension`` and ``steerable`` are the narrow interface the child
-runtime (``zett_agent.runners``) uses on an agent it did not build.
+events (``_hooks``). ``add_extension``, ``steerable`` and ``continue_request`` are the narrow
+interface the child runtime (``zett_agent.runners``, ``zett_agent.extensions``) uses on an
+agent it did not build.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "MaxTurnsExceeded",
     "ModelStreamError",
     "add_extension",
+    "continue_request",
     "steerable",
 ]
 
@@ -60,11 +62,12 @@ class _SessionRuntime:
     run: RunState | None = None
     internal_streak: int = 0
     last_config: AgentRunConfig | None = None
+    #: the running one is a ``compact``, not a request
+    compacting: bool = False
 
     def steerable(self) -> RunState | None:
         """The state of the running request ``steer`` steers (a ``compact`` is not one)."""
-        active = self.active
-        return self.run if active is not None and active.input_message is not None else None
+        return self.run if self.active is not None and not self.compacting else None
 
 
 class Agent:
@@ -205,12 +208,14 @@ class Agent:
             self._check_open()
             run, context = self._new_run(config, None)
             runtime.active, runtime.run = context, run
+            runtime.compacting = True
             extensions = self._hooks.extensions
             request_started(extensions)
             try:
                 await self._turns.compact(run, context)
             finally:
                 runtime.active = runtime.run = None
+                runtime.compacting = False
                 request_ended(extensions)
 
     def steer(self, message: str | UserMessage, *, config: AgentRunConfig | None = None) -> bool:
@@ -357,7 +362,12 @@ class Agent:
             logger.error("background agent request failed", exc_info=error)
 
     async def _request(
-        self, config: AgentRunConfig, message: UserMessage | AgentMessage, *, internal: bool
+        self,
+        config: AgentRunConfig,
+        message: UserMessage | AgentMessage | None,
+        *,
+        internal: bool,
+        turn: int = 0,
     ) -> AssistantMessage | None:
         runtime = self._runtime(config.session_id)
         async with runtime.lock:
@@ -377,6 +387,7 @@ class Agent:
                 runtime.internal_streak = 0
             runtime.last_config = config
             run, context = self._new_run(config, message)
+            context.turn = turn  # a continuation counts the turns its request made before
             run.tracer = (
                 _tracing.current()
             )  # None unless tracing is on (zett_agent._tracing._tracer)
@@ -427,6 +438,24 @@ def add_extension(agent: Agent, extension: Extension) -> None:
     """
     hooks = agent._hooks
     hooks.extensions = (*hooks.extensions, extension)
+
+
+async def continue_request(
+    agent: Agent, config: AgentRunConfig, *, turns_done: int = 0
+) -> AssistantMessage:
+    """Run a request of ``config.session_id`` that goes on from its conversation as it is.
+
+    For a child that resumes the request a dead process left (its messages restored into the
+    session first): no input is appended and ``on_message`` is not called; the calls of the
+    last assistant message that have no result yet run first (as that turn's tool batch,
+    followed by its ``after_turn``), then turns go on as in ``Agent.run``. ``turns_done`` is
+    how many turns the request had made: ``config.max_turns`` counts them.
+
+    Raises and cancels as ``Agent.run`` does.
+    """
+    result = await agent._request(config, None, internal=False, turn=turns_done)
+    assert result is not None  # a continuation is never dropped
+    return result
 
 
 def steerable(agent: Agent, session_id: str) -> bool:

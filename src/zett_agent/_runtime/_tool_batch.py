@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._events import ToolCalledEvent, ToolFinishedEvent
 from zett_agent._messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus
 from zett_agent._tool_args import ToolArgumentError
-from zett_agent._tools import AgentTool, ToolResult, UnknownToolError
+from zett_agent._tools import (
+    AgentTool,
+    ToolContext,
+    ToolResult,
+    UnknownToolError,
+    enter_tool_call,
+)
 from zett_agent._tracing import _tracer as _tracing
 
 if TYPE_CHECKING:
@@ -135,6 +142,9 @@ class ToolBatch:
         self, run: RunState, context: AgentRunContext, call: ToolCall
     ) -> ToolMessage:
         hooks = self._hooks
+        # what tool_context() returns in this call's task (a durable child's hook gives the
+        # call its stable key in its own before_tool)
+        enter_tool_call(ToolContext(call, context.session_id, uuid.uuid4().hex))
         await hooks.call(run, context, "before_tool", call)
         await hooks.publish(run, context, ToolCalledEvent(context.session_id, call))
         tool = run.tools.get(call.name)

@@ -7,7 +7,9 @@ answered as skipped, ``on_error`` and ``RunFailedEvent``, or ``RunCancelledEvent
 is ``before_turn``, the model request assembled (again when ``before_model`` changed what it
 is made of), the model call, its message appended, ``after_model``, the tool batch, the
 steering messages that arrived appended, and ``after_turn``; turns go on until the model
-answers without tool calls and nothing steered. ``Turns.compact`` is the course of
+answers without tool calls and nothing steered. A request without input (a continuation,
+``continue_request``) appends none and skips ``on_message``; it first runs the calls of the
+session's last assistant message that have no result. ``Turns.compact`` is the course of
 ``Agent.compact``.
 """
 
@@ -24,6 +26,7 @@ from zett_agent._events import (
     TurnFinishedEvent,
     TurnStartedEvent,
 )
+from zett_agent._messages import AssistantMessage, ToolMessage
 from zett_agent._model import ModelRequest
 from zett_agent._runtime._errors import MaxTurnsExceeded
 from zett_agent._runtime._tool_batch import (
@@ -33,7 +36,7 @@ from zett_agent._runtime._tool_batch import (
 )
 
 if TYPE_CHECKING:
-    from zett_agent._messages import AssistantMessage
+    from zett_agent._messages import ToolCall
     from zett_agent._runtime._context import AgentRunContext, RunState
     from zett_agent._runtime._hooks import Hooks
     from zett_agent._runtime._model_call import ModelCall
@@ -78,10 +81,14 @@ class Turns:
             await self.register_agent_tools(run, context)
             await hooks.call(run, context, "on_tool")
             await hooks.call(run, context, "on_state")
-            await hooks.call(run, context, "on_message")
-            assert context.input_message is not None
-            await hooks.append(run, context, context.input_message)
+            continuing = context.input_message is None
+            if not continuing:
+                await hooks.call(run, context, "on_message")
+                assert context.input_message is not None
+                await hooks.append(run, context, context.input_message)
             await hooks.call(run, context, "before_run")
+            if continuing:
+                await self._unanswered(run, context)
             final = await self._turns(run, context)
             await hooks.call(run, context, "after_run", final)
             await hooks.call(run, context, "on_success", final)
@@ -127,6 +134,29 @@ class Turns:
                 context.register_tool(agent_tool)
         finally:
             run.owner = "the agent"
+
+    async def _unanswered(self, run: RunState, context: AgentRunContext) -> None:
+        """Finish the turn a dead process left: run the last message's calls without a result.
+
+        Then the steering that arrived, and that turn's ``after_turn``. Nothing when every
+        call of the session's last assistant message has its result.
+        """
+        messages = run.session.messages
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if isinstance(message, AssistantMessage):
+                answered = {m.call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+                pending: list[ToolCall] = [c for c in message.tool_calls if c.id not in answered]
+                break
+        else:
+            return
+        if not pending:
+            return
+        hooks = self._hooks
+        await self._tool_batch(run, context, pending)
+        for user_message in run.take_steering():
+            await hooks.append(run, context, user_message)
+        await hooks.call(run, context, "after_turn", message)
 
     @staticmethod
     def _assemble(run: RunState, context: AgentRunContext) -> ModelRequest:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from zett_agent._checks import check_int, check_seconds, described
+from zett_agent._checks import check_flag, check_int, check_seconds, described
 from zett_agent.extensions._definition import SubAgentDefinition
 from zett_agent.extensions._subagent import ChildAgentExtension, child_core
 from zett_agent.extensions._tasks._store import TaskStore
@@ -20,10 +20,12 @@ from zett_agent.extensions._tasks._task import (
     describe,
 )
 from zett_agent.extensions._tasks._task_guard import Chores, TaskGuard, observe
+from zett_agent.extensions._tasks._task_journal import TaskJournal
 from zett_agent.extensions._tasks._task_mail import TaskMail
 from zett_agent.extensions._tasks._task_messages import MessageState
 from zett_agent.extensions._tasks._task_notices import TaskNotices, completion_text, stall_text
 from zett_agent.extensions._tasks._task_registry import TaskRegistry
+from zett_agent.extensions._tasks._task_resume import TaskResumer
 from zett_agent.extensions._tasks._task_start import TaskStarter
 from zett_agent.extensions._tasks._task_tools import (
     TaskAccess,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 #: Default ``stall_seconds``: a running task without a sign of work for this long stalled.
 DEFAULT_STALL_SECONDS = 120.0
+#: Default ``max_resumes``: how often a durable task resumes after its child died.
+DEFAULT_MAX_RESUMES = 2
 
 
 class AsyncSubAgentExtension(ChildAgentExtension):
@@ -101,6 +105,11 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     - ``store=PATH`` keeps the registry in a sqlite file (``TaskStore``): after a restart the
       earlier tasks are there again, those that were running as ``failed`` with ``"lost":
       true``, and notices not yet delivered are delivered once.
+    - ``durable=True`` (with ``store=``) journals each child's steps in the store and resumes
+      a task whose child died, or whose host stopped, from where it stopped, without asking
+      the model again for a step it answered or running again a tool call it finished
+      (``docs/steering.md``, "Durable tasks"); ``extra_tools=("task_resume",)`` lets the
+      model continue a finished task with a follow-up (``resume``).
 
     Args:
         subagents: Profiles the parent may choose; default the built-in ``reasoning`` and
@@ -142,7 +151,20 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             killed, the task failed) and ``task_start`` is refused.
         store: Keep the registry in a sqlite3 file across restarts: a path, or a
             ``TaskStore`` (default: memory only). Opened here: ``TaskStoreError`` if another
-            live host holds it, or the file is damaged, not a task store, or newer.
+            live host holds it, or the file is damaged, not a task store, or newer (a file
+            of an older version is upgraded in place).
+        durable: Journal each child's steps in ``store`` and resume its task after the
+            child's death (a crash, a signal, the memory limit, a lost Ray node; up to
+            ``max_resumes`` times) and after a restart of the host (at the session's next
+            request), in a new child that goes on from its journal. Tool calls are then
+            at-least-once: a call started but not recorded done runs again on resume, with
+            the same ``tool_context().idempotency_key``. A cancel, a timeout and a budget stop
+            are never resumed; ``close()`` (and closing an agent) suspends the running tasks
+            instead of cancelling them: the next extension on the store resumes them. Needs
+            ``store=`` and definitions that can be pickled (``TypeError`` at ``task_start``).
+        max_resumes: How often a durable task resumes after its child died, since it started
+            or was followed up (default 2; 0: never). After the last try the failure stands,
+            with each try's death in its info (``deaths``).
 
     Raises:
         TypeError, ValueError: a bad option (the message names it).
@@ -168,9 +190,23 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         stall_seconds: float | None = DEFAULT_STALL_SECONDS,
         session_token_budget: int | None = None,
         store: str | os.PathLike[str] | TaskStore | None = None,
+        durable: bool = False,
+        max_resumes: int = DEFAULT_MAX_RESUMES,
     ) -> None:
         extras = extra_tools_option(extra_tools)
         cls = type(self).__name__
+        check_flag(f"{cls}(durable=...)", durable)
+        check_int(f"{cls}(max_resumes=...)", max_resumes, 0, 100)
+        if durable and store is None:
+            raise ValueError(
+                f"{cls}(durable=True) needs a store: the journal of each task lives in it. "
+                f"Write {cls}(..., store='tasks.sqlite', durable=True)"
+            )
+        if "task_resume" in extras and not durable:
+            raise ValueError(
+                'extra_tools=("task_resume",) continues a task from its journal, which only '
+                f"durable tasks have: add durable=True (and store=...) to {cls}(...)"
+            )
         if stall_seconds is not None:
             check_seconds(f"{cls}(stall_seconds=...)", stall_seconds, above=True)
         if session_token_budget is not None:
@@ -201,6 +237,8 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         self.extra_tools: tuple[str, ...] = extras
         self.stall_seconds: float | None = None if stall_seconds is None else float(stall_seconds)
         self.session_token_budget = session_token_budget
+        self.durable = durable
+        self.max_resumes = max_resumes
         self.__init_tasks()
         if store is not None:
             # restores the tasks it holds: finished ones as they were, running ones as lost
@@ -230,14 +268,32 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         self.__guard = TaskGuard(self, self.__registry, self.__chores)
         self.__mail = TaskMail(self, self.__registry, self.__chores)
         self.__notices = TaskNotices(self, self.__registry)
-        self.__watcher = TaskWatch(self, self.__registry, self.__guard, self.__notices)
+        launch = functools.partial(core.launch, self)
+        self.__resumer = TaskResumer(
+            self,
+            self.__registry,
+            self.__chores,
+            launch=launch,
+            follow=lambda task: self.__starter.follow(task),
+            settle=self.__settle,
+            closing=lambda: self.__closing,
+        )
+        self.__watcher = TaskWatch(
+            self,
+            self.__registry,
+            self.__guard,
+            self.__notices,
+            TaskJournal(self, self.__registry, self.__chores, self.__guard),
+            self.__resumer.after_death,
+        )
         self.__starter = TaskStarter(
             self.__registry,
             self.__guard,
             self.__watcher,
             number=core.next_number,
-            launch=functools.partial(core.launch, self),
+            launch=launch,
             closing=lambda: self.__closing,
+            durable=lambda: self.durable,
         )
         self.__closing = False
         self.__close_task: asyncio.Task[None] | None = None
@@ -250,9 +306,15 @@ class AsyncSubAgentExtension(ChildAgentExtension):
     # ----------------------------------------------------------------- hooks
 
     async def on_tool(self, context: AgentRunContext) -> None:
-        """Register the task tools for this request (and boot the process pool if needed)."""
+        """Register the task tools for this request (and boot the process pool if needed).
+
+        A durable task its host was running when it stopped resumes here, at its session's
+        first request since.
+        """
         self.__registry.use(context.session_id, context.agent)
         child_core(self).warm_up(self, context.model)
+        if self.__registry.store is not None and not self.__closing:
+            await self.__resumer.resume_waiting(context)
         for tool in self.build_tools(context, self.subagents):
             context.register_tool(tool)
 
@@ -285,9 +347,10 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         """Release the sessions ``agent`` ran that no other open agent uses.
 
         Cancel their running tasks (killing each child's tree), wait for them to settle, forget
-        them.
+        them. A durable task is suspended instead (its store keeps it running): an extension
+        opened on the store later resumes it.
         """
-        await self.__registry.release(agent, session_ids, self.cancel)
+        await self.__registry.release(agent, session_ids, self.__suspend)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -401,25 +464,85 @@ class AsyncSubAgentExtension(ChildAgentExtension):
             )
         return record.message_id
 
+    async def resume(
+        self, context: AgentRunContext, task: SubAgentTask, prompt: str
+    ) -> SubAgentTask:
+        """Continue a finished durable task with a follow-up prompt; return it while it runs.
+
+        The task (completed, failed, cancelled, or lost after a restart) runs again under its
+        own id, in a new child whose conversation is the one its journal holds, followed by
+        ``prompt`` (calls it ended without are answered as skipped). Its notices, its
+        ``max_concurrent`` slot and its session's budget count as for a new task; its
+        ``max_resumes`` count starts again.
+
+        Raises:
+            ValueError: The task is still running, is not durable, or the prompt is empty;
+                the session runs ``max_concurrent`` tasks or spent its budget.
+            RuntimeError: The extension or the agent of ``context`` is closed, or the child
+                could not start (the task then failed again, saying why).
+        """
+        if getattr(context.agent, "closed", False):
+            raise RuntimeError(
+                "the agent is closed; no task can resume from it (use an open agent)"
+            )
+        await self.__resumer.follow_up(context, task, prompt)
+        await observe(self.task_started, task)
+        return task
+
     async def cancel(self, task: SubAgentTask) -> SubAgentTask:
         """Cancel a running task and wait for it to settle; a finished task is unchanged.
 
         Returns once the child's whole process tree is gone. If the caller is cancelled
-        meanwhile, the kill still completes in the background.
+        meanwhile, the kill still completes in the background. A durable task is never
+        resumed after a cancel.
         """
         if task.done():
             return task
+        task.cancelling = True
         if task.job is not None:
             await asyncio.shield(task.job.cancel())
+        elif task.watcher is None:  # a durable task waiting to resume after a restart
+            await self.__settle_now(task)
         await task.settled.wait()
         return task
+
+    async def __suspend(self, task: SubAgentTask) -> SubAgentTask:
+        """Stop a task as the extension closes: a durable one is suspended, others cancelled.
+
+        A suspended task's child is killed, but its store still says it runs: the next
+        extension on the store resumes it.
+        """
+        if task.durable is None or task.done():
+            return await self.cancel(task)
+        task.suspended = task.cancelling = True
+        if task.job is not None:
+            await asyncio.shield(task.job.cancel())
+        if task.watcher is None:
+            await self.__settle_now(task)
+        await task.settled.wait()
+        return task
+
+    def __settle(self, task: SubAgentTask) -> None:
+        """Settle a task no watcher follows (its resume could not start), then observe it."""
+        self.__watcher.settle(task)
+        self.__chores.add(
+            asyncio.get_running_loop().create_task(
+                observe(self.task_finished, task), name=f"zett-agent-finished-{task.task_id}"
+            )
+        )
+
+    async def __settle_now(self, task: SubAgentTask) -> None:
+        self.__watcher.settle(task)
+        await observe(self.task_finished, task)
 
     async def close(self) -> None:
         """Cancel every running task of every session and wait for them to settle.
 
         Then closes the runner: the process pool this extension created (a shared pool stays
         open), and writes out the store (closing it if it was given as a path). Nothing the
-        extension started outlives this call. Idempotent.
+        extension started outlives this call. Idempotent. A durable task is suspended, not
+        cancelled: its child is killed, its store keeps it running, and the next extension
+        on the store resumes it.
         """
         if self.__close_task is None:
             self.__closing = True
@@ -430,7 +553,7 @@ class AsyncSubAgentExtension(ChildAgentExtension):
 
     async def __close(self) -> None:
         # a start in flight sees ``_closing`` once its runner answered and cancels its child
-        await self.__registry.stop_all(self.cancel)
+        await self.__registry.stop_all(self.__suspend)
         await self.__chores.settle()
         try:
             await self.runner.close()
@@ -483,7 +606,10 @@ class AsyncSubAgentExtension(ChildAgentExtension):
         sets one), ``idle_seconds`` and, for a running task idle beyond ``stall_seconds``,
         ``"needs_attention": true``; ``messages`` (``{"sent": n, "delivered": m}``, plus
         ``undelivered`` ids once it ended) when it was sent any; ``"lost": true`` for a task
-        restored from a store that was running when its host stopped.
+        restored from a store that was running when its host stopped; for a durable task,
+        ``resumes`` (how often it resumed: after its child died or its host restarted; 0 when
+        never) and, once a try died, ``deaths``: ``[{"try": 1, "reason": "the child process
+        was killed by SIGKILL"}, ...]``.
         """
         if task.job is not None and not task.done():
             task.pid = task.job.pid if task.status is SubAgentTaskStatus.RUNNING else None

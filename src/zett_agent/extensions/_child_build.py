@@ -7,6 +7,12 @@ it in the child: it builds the agent with the extension class's ``_create_child`
 ``ChildRun`` that runs the prompt, takes the parent's messages and closes what the child holds.
 The runner knows only that protocol; what an agent is stays here.
 
+A durable child (a spec with a ``journal``) also runs the ``ChildJournal`` (``_child_journal``),
+last; one that resumes starts from the conversation its journal rebuilds: it returns the
+report the journal already holds, or goes on from where the conversation stopped
+(``continue_request``), or, for a follow-up (``task_resume``), runs the follow-up prompt after
+it.
+
 Imported by every child (the module of every definition imports it): light.
 """
 
@@ -15,24 +21,43 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from zett_agent._messages import AssistantMessage, ToolCall, ToolMessage
+from zett_agent._messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolMessage,
+    ToolStatus,
+    UserMessage,
+)
 from zett_agent._model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent._tools import AgentTool
 from zett_agent.extensions._child_inbox import ChildInbox, attach
 from zett_agent.extensions._definition import StartsChildren, SubAgentDefinition
-from zett_agent.runners._child import ChildSpec, set_default_build
+from zett_agent.runners._child import ChildSpec, ProgressModel, set_default_build
 
 if TYPE_CHECKING:
     from zett_agent._model import Model
     from zett_agent._runtime._agent import Agent
 
-__all__ = ["AgentChildRun", "build_child", "create_child", "default_agent", "rehearsal_spec"]
+__all__ = [
+    "ENDED_SKIP_TEXT",
+    "AgentChildRun",
+    "build_child",
+    "create_child",
+    "default_agent",
+    "rehearsal_spec",
+]
+
+#: what a follow-up (``task_resume``) answers for the calls its task ended without
+ENDED_SKIP_TEXT = "skipped: the task ended before this call finished"
 
 
 class AgentChildRun:
-    """The ``ChildRun`` of an agent: its prompt, its run config and its inbox."""
+    """The ``ChildRun`` of an agent: its prompt, its run config, its inbox (and its journal)."""
 
-    def __init__(self, agent: Agent, spec: ChildSpec, emit: Callable[[Any], None]) -> None:
+    def __init__(
+        self, agent: Agent, spec: ChildSpec, emit: Callable[[Any], None], model: Any = None
+    ) -> None:
         from zett_agent.agent import AgentRunConfig
 
         config = AgentRunConfig(session_id=spec.session_id)
@@ -44,11 +69,46 @@ class AgentChildRun:
         self._prompt = spec.prompt
         inbox = ChildInbox(agent, config, emit)
         attach(agent, inbox)
-        self.take = inbox.take
+        self._inbox = inbox
+        self._journal = None
+        self._resume: _Resume | None = None
+        if spec.journal is not None:
+            self._resume = _Resume(spec, agent)
+            if isinstance(model, ProgressModel):  # its turns count on from the journal's
+                model.turn = self._resume.turns
+            from zett_agent.extensions._child_journal import ChildJournal
+
+            self._journal = ChildJournal(
+                self._resume.messages,
+                spec.session_id,
+                emit,
+                next_step=self._resume.next_step,
+                batch_step=self._resume.batch_step,
+            )
+            attach(agent, self._journal)
+
+    def take(self, message: Any) -> None:
+        """One message from the parent: the journal's acknowledgement, or one for the inbox."""
+        journal = self._journal
+        if journal is not None and type(message) is dict and "journal_ack" in message:
+            journal.acked(message["journal_ack"])
+            return
+        self._inbox.take(message)
 
     async def run(self) -> str:
-        """Run the prompt; the report's text. Raises what the agent raises."""
-        result = await self._agent.run(self._prompt, config=self._config)
+        """Run the prompt (or resume); the report's text. Raises what the agent raises."""
+        resume = self._resume
+        if resume is None or resume.fresh:
+            result = await self._agent.run(self._prompt, config=self._config)
+        elif resume.follow_up is not None:
+            resume.answer_ended_calls()
+            result = await self._agent.run(resume.follow_up, config=self._config)
+        elif resume.report is not None:
+            return resume.report  # it had answered; its host or process died before it told
+        else:
+            from zett_agent._runtime._agent import continue_request
+
+            result = await continue_request(self._agent, self._config, turns_done=resume.turns)
         return result.content
 
     async def close(self) -> None:
@@ -64,7 +124,61 @@ def build_child(spec: ChildSpec, model: Model, emit: Callable[[Any], None]) -> A
 
     Raises what ``_create_child`` raises.
     """
-    return AgentChildRun(create_child(spec, model), spec, emit)
+    return AgentChildRun(create_child(spec, model), spec, emit, model)
+
+
+class _Resume:
+    """Where a durable child starts: its journal's conversation, restored into its session.
+
+    ``spec.journal`` is ``{"steps": [[step, text], ...], "next": n, "follow_up": str | None}``
+    (the parent's committed steps, oldest first, as it stored them). The parent checked each
+    step when it stored it; they are checked again here, as any store read is.
+    """
+
+    def __init__(self, spec: ChildSpec, agent: Agent) -> None:
+        from zett_agent.extensions._journal_entries import history, read_entry
+
+        journal = spec.journal
+        assert journal is not None
+        steps = [(int(step), read_entry(text)) for step, text in journal["steps"]]
+        self.next_step: int = int(journal["next"])
+        self.follow_up: str | None = journal.get("follow_up")
+        self.fresh = not steps and self.follow_up is None
+        conversation = history(entry for _, entry in steps)
+        messages: list[Message] = conversation.messages
+        if not steps and self.follow_up is not None:
+            messages = [UserMessage(spec.prompt)]  # nothing journaled: what it was asked
+        self.turns = conversation.turns
+        #: the child session's own list, now holding the conversation
+        self.messages = agent.session_store.load(spec.session_id).messages
+        self.messages[:] = messages
+        last = next((m for m in reversed(messages) if isinstance(m, AssistantMessage)), None)
+        #: the report the journal already holds (the last message answers without calls)
+        self.report = (
+            last.content
+            if last is not None and messages[-1] is last and not (last.tool_calls)
+            else None
+        )
+        #: the step of the last response, whose calls may still be waiting to run
+        self.batch_step: int | None = None
+        for step, entry in reversed(steps):
+            if any(isinstance(m, AssistantMessage) for m in entry.messages):
+                self.batch_step = step
+                break
+
+    def answer_ended_calls(self) -> None:
+        """Answer, as skipped, the calls the task ended without (before a follow-up)."""
+        messages = self.messages
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if isinstance(message, AssistantMessage):
+                answered = {m.call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+                for call in message.tool_calls:
+                    if call.id not in answered:
+                        messages.append(
+                            ToolMessage(call.id, call.name, ENDED_SKIP_TEXT, ToolStatus.SKIPPED)
+                        )
+                return
 
 
 def create_child(spec: ChildSpec, model: Model) -> Agent:

@@ -112,11 +112,11 @@ class ChildInbox(Extension):
         self._emit({"kind": "tool_called", "name": valid_text(call.name[:100])})
 
 
-def attach(agent: Agent, inbox: ChildInbox) -> None:
-    """Register ``inbox`` as the last extension of ``agent``.
+def attach(agent: Agent, extension: Extension) -> None:
+    """Register ``extension`` (the inbox, a durable child's journal) last on ``agent``.
 
     The agent is whatever ``_create_child`` built (the user's override may build it from
-    anything), so the inbox cannot be passed to its constructor: it is added afterwards. It
-    wraps neither model requests nor tool calls, so only the hook list changes.
+    anything), so the extension cannot be passed to its constructor: it is added afterwards.
+    It wraps neither model requests nor tool calls, so only the hook list changes.
     """
-    add_extension(agent, inbox)
+    add_extension(agent, extension)

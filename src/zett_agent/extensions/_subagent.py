@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._checks import described, repeated_names
@@ -233,16 +233,28 @@ class ChildCore:
         session_id: str,
         prompt: str,
         trace: ChildTrace | None,
+        journal: Mapping[str, Any] | None = None,
+        check: Callable[[ChildSpec], None] | None = None,
     ) -> ChildJob:
         """Start one child on the runner: its spec (carrying ``trace`` when tracing), submitted.
 
         Hands the child to the runner with its limits and, when it has one, its sandbox (a
-        runner written before sandboxes takes the rest unchanged). Raises what ``child_spec``
-        and the runner's ``submit`` raise (``TypeError`` for a definition that cannot be
-        shipped, naming the part).
+        runner written before sandboxes takes the rest unchanged). ``journal`` makes it a
+        durable child (see ``ChildSpec.journal``); ``check`` sees the spec before it is
+        submitted. Raises what ``child_spec``, ``check`` and the runner's ``submit`` raise
+        (``TypeError`` for a definition that cannot be shipped, naming the part).
         """
         self.warm_up(extension, parent_model)
-        spec = child_spec(extension, parent_model, definition, session_id=session_id, prompt=prompt)
+        spec = child_spec(
+            extension,
+            parent_model,
+            definition,
+            session_id=session_id,
+            prompt=prompt,
+            journal=journal,
+        )
+        if check is not None:
+            check(spec)
         if trace is not None:
             spec = trace.ship(spec)
         sandbox = definition.sandbox or extension.sandbox
@@ -271,8 +283,9 @@ def child_spec(
     *,
     session_id: str,
     prompt: str,
+    journal: Mapping[str, Any] | None = None,
 ) -> ChildSpec:
-    """The ``ChildSpec`` of one child of ``extension``.
+    """The ``ChildSpec`` of one child of ``extension`` (``journal``: a durable one).
 
     Its model (the definition's, or the parent's own one: never a progress wrapper), and the
     class and ``child_state()`` of an extension that overrides ``_create_child``.
@@ -287,7 +300,9 @@ def child_spec(
         bad = [key for key in state if not isinstance(key, str) or not key.isidentifier()]
         if bad:
             raise TypeError(f"child_state() must map attribute names to values; bad keys: {bad!r}")
-    return ChildSpec(definition, model, session_id, prompt, factory, state, build=build_child)
+    return ChildSpec(
+        definition, model, session_id, prompt, factory, state, build=build_child, journal=journal
+    )
 
 
 def profiles_text(subagents: Sequence[SubAgentDefinition]) -> str:

@@ -153,6 +153,9 @@ class ChildSpec:
         trace: Set by the parent when it traces this child (internal; see
             ``zett_agent._tracing._tracer.ChildTracing``): the W3C ``traceparent`` of the child's
             ``invoke_agent`` span, whether it records, and the parent process's identity.
+        journal: Set for a durable child (internal): the journal it resumes from (empty for
+            a new one), as JSON data the build reads (``zett_agent.extensions._child_build``).
+            A runner ships it with the spec and never looks inside.
     """
 
     definition: ChildDefinition
@@ -164,6 +167,7 @@ class ChildSpec:
     broker: bool = False
     trace: Mapping[str, Any] | None = None
     build: ChildBuild | None = None
+    journal: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.build is None and _default_build:
@@ -192,11 +196,12 @@ class ProgressModel:
         self.__wrapped__ = inner
         self.retry: RetryOptions = inner.retry
         self._emit = emit
-        self._turn = 0
+        #: the model calls so far (a resumed durable child starts from its journal's count)
+        self.turn = 0
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        self._turn += 1
-        self._emit({"kind": "turn_started", "turn": self._turn})
+        self.turn += 1
+        self._emit({"kind": "turn_started", "turn": self.turn})
         alive = time.monotonic() + self.ALIVE_EVERY
         async for event in self.inner.stream(request):
             if event.kind is ModelEventKind.COMPLETED and event.response is not None:
@@ -204,7 +209,7 @@ class ProgressModel:
                 self._emit(
                     {
                         "kind": "turn_finished",
-                        "turn": self._turn,
+                        "turn": self.turn,
                         "tool_calls": [
                             valid_text(call.name) for call in event.response.message.tool_calls
                         ],

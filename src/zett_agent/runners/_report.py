@@ -2,6 +2,7 @@
 
 Both are valid Unicode whatever the runner delivered (a lone surrogate becomes U+FFFD): they
 go into the parent's messages and tool results, which a model request must encode as UTF-8.
+``died`` tells a child whose process died from one that failed or was stopped.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ def failure_reason(error: BaseException) -> str:
         case _:
             text = f"{type(error).__name__}: {error}"
     return _one_line(text)
+
+
+def died(error: BaseException | None) -> bool:
+    """Whether the child's process died under it, rather than failing or being stopped.
+
+    A crash or a signal from outside (``WorkerCrashed``), its memory limit, or its Ray node
+    lost: what a durable task resumes from. Its own exception, a cancel, a timeout, the CPU
+    limit and invalid data are not deaths.
+    """
+    from zett_agent.runners._ray._ray_errors import NodeLost
+
+    if isinstance(error, process.LimitExceeded):
+        return "memory" in error.limit
+    return isinstance(error, (process.WorkerCrashed, NodeLost))
 
 
 def _cause(cause: BaseException) -> str:

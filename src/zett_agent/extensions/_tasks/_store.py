@@ -13,32 +13,36 @@ changes nothing. A new (or empty) file gets the schema, in WAL mode with
 ``synchronous=NORMAL``: a committed write survives the host's death (it is in the WAL file),
 and commits need no ``fsync`` (a power cut may lose the last ones).
 
-Reads happen once, when the store opens (the whole registry is in memory from then on).
+Reads happen once, when the store opens (the whole registry is in memory from then on), but
+for the journal of a durable task, read again when the task resumes (``read_journal``).
 Writes happen in one background thread, never on the event loop: the loop only appends an
-operation to a queue (``insert``, ``update``, ``delete``...), and updates of one row that wait
-are merged into one. Every value is written within its column's rule (``_store_schema``), so
-what a store writes it reads back. ``insert`` and ``flush`` return a future the loop may
-await for the commit. A write that fails is logged (once per kind of error) and the registry
-goes on in memory.
+operation to a queue (``insert``, ``update``, ``delete``, ``journal``...), and updates of one
+row that wait are merged into one. Every value is written within its column's rule
+(``_store_schema``), so what a store writes it reads back. ``insert``, ``journal`` and
+``flush`` return a future the loop may await for the commit. A write that fails is logged
+(once per kind of error) and the registry goes on in memory (a durable task whose step could
+not be written is stopped by its owner: its journal would not hold what it did).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from zett_agent.extensions._tasks._store_file import connect, read
 from zett_agent.extensions._tasks._store_lock import take_lock
 from zett_agent.extensions._tasks._store_schema import (
     SCHEMA_VERSION,
+    StoredDurable,
     StoredTask,
     TaskStoreError,
     stored,
@@ -47,6 +51,7 @@ from zett_agent.extensions._tasks._store_schema import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "StoredDurable",
     "StoredTask",
     "TaskStore",
     "TaskStoreError",
@@ -93,6 +98,9 @@ class TaskStore:
         tasks: The tasks the file held when it was opened, oldest first (each checked).
         spent: What each session's tasks had spent, in tokens.
         counter: The last task number the file held.
+        durable: What each durable task needs to resume, by ``(parent_session_id, task_id)``.
+        journals: Each durable task's journal as it opened (its steps, or why it is damaged).
+        upgraded_from: The schema the file had when it was older and upgraded, else ``None``.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -102,7 +110,9 @@ class TaskStore:
             undo.callback(self._lock.abandon)
             contents = read(self._lock)  # every row checked, nothing written
             self.tasks, self.spent, self.counter = contents.tasks, contents.spent, contents.counter
-            self._db = connect(self._lock, fresh=contents.fresh)
+            self.durable, self.journals = contents.durable, contents.journals
+            self.upgraded_from = contents.upgrade
+            self._db = connect(self._lock, fresh=contents.fresh, upgrade=contents.upgrade)
             undo.callback(self._db.close)
             #: the extension using this store (one at a time)
             self.owner: object | None = None
@@ -119,17 +129,22 @@ class TaskStore:
             )
             self._thread.start()
             undo.pop_all()
+        if contents.orphans:  # journal rows of no task the file holds
+            self._put(("orphans",))
 
     def __repr__(self) -> str:
         return f"<TaskStore {self.path!r}{' closed' if self.closed else ''}>"
 
     # -- operations (from the event loop; each only appends to the queue) ---------------------
 
-    def insert(self, row: Mapping[str, Any]) -> asyncio.Future[None] | None:
+    def insert(
+        self, row: Mapping[str, Any], *, prompt: str | None = None
+    ) -> asyncio.Future[None] | None:
         """Store a new task (its row as ``task_row`` gives it, its number in ``counter``).
 
-        Returns a future of the commit when called in a running loop (it raises what the
-        write raised).
+        ``prompt``: the task is durable; its row in ``durable`` is written in the same
+        transaction. Returns a future of the commit when called in a running loop (it raises
+        what the write raised).
 
         Raises:
             TaskStoreError: An id of the row is longer than a store keeps (nothing queued).
@@ -139,7 +154,57 @@ class TaskStore:
         except ValueError as exc:
             raise TaskStoreError(f"task store {self.path}: {exc}") from None
         future = _future()
-        self._put(("insert", values, future))
+        durable = None if prompt is None else stored("prompt", prompt)
+        self._put(("insert", values, future, durable))
+        return future
+
+    def update_durable(
+        self, parent_session_id: str, task_id: str, *, resumes: int, crashes: int, deaths: Any
+    ) -> None:
+        """Set what a durable task counts of its tries (``deaths``: see ``StoredDurable``)."""
+        columns = {
+            "resumes": stored("resumes", resumes),
+            "crashes": stored("crashes", crashes),
+            "deaths": stored("deaths", deaths),
+        }
+        self._put(("durable", parent_session_id, task_id, columns))
+
+    def journal(
+        self,
+        parent_session_id: str,
+        task_id: str,
+        step: int,
+        text: str,
+        *,
+        snapshot: bool,
+        failed: Callable[[BaseException], object] | None = None,
+        committed: Callable[[], object] | None = None,
+    ) -> asyncio.Future[None] | None:
+        """Add step ``step`` (its entry's JSON ``text``) to a durable task's journal.
+
+        ``snapshot``: the step replaces every earlier one. Returns a future of the commit (in
+        a running loop); it raises ``TaskStoreError`` if the write failed. With ``failed``
+        instead, no future is made: ``failed(error)`` is called on the loop if the write
+        failed, else ``committed()`` if given (a commit nobody waits for wakes no one).
+        """
+        if failed is not None:
+            listener = (asyncio.get_running_loop(), failed, committed)
+            self._put(("journal", parent_session_id, task_id, step, text, snapshot, listener))
+            return None
+        future = _future()
+        self._put(("journal", parent_session_id, task_id, step, text, snapshot, future))
+        return future
+
+    def read_journal(
+        self, parent_session_id: str, task_id: str
+    ) -> asyncio.Future[list[tuple[int, str]]]:
+        """A future of a durable task's journal: ``(step, text)`` oldest first.
+
+        Read after everything queued before it was written. Call it in a running loop; the
+        future raises ``TaskStoreError`` if the read failed.
+        """
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._put(("read", parent_session_id, task_id, future))
         return future
 
     def update(self, parent_session_id: str, task_id: str, **columns: Any) -> None:
@@ -250,7 +315,9 @@ class TaskStore:
             self._lock.release()
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
-        futures = [op[-1] for op in batch if op[0] in ("insert", "flush")]
+        futures = [op[-1] for op in batch if op[0] in ("journal", "flush")]
+        futures += [op[2] for op in batch if op[0] == "insert"]
+        reads: list[tuple[asyncio.Future[Any], Any]] = []
         error: BaseException | None = None
         try:
             now = time.time()
@@ -258,7 +325,15 @@ class TaskStore:
             db.execute("BEGIN")
             try:
                 for op in batch:
-                    self._apply(db, op, now)
+                    if op[0] == "read":
+                        rows = db.execute(
+                            "SELECT step, entry FROM journal WHERE parent_session_id = ? AND "
+                            "task_id = ? ORDER BY step",
+                            (op[1], op[2]),
+                        ).fetchall()
+                        reads.append((op[3], rows))
+                    else:
+                        self._apply(db, op, now)
                 db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -274,14 +349,35 @@ class TaskStore:
                     self.path,
                     exc,
                 )
-        for future in futures:
-            if future is not None:
-                _resolve(future, error)
+        settled: list[tuple[asyncio.Future[Any], Any]] = [
+            (future, None) for future in futures if isinstance(future, asyncio.Future)
+        ]
+        calls: list[tuple[asyncio.AbstractEventLoop, Callable[[], object]]] = []
+        for future in futures:  # the writes whose caller gave callbacks instead
+            if isinstance(future, tuple):
+                loop, failed, committed = future
+                if error is not None:
+                    calls.append((loop, functools.partial(failed, error)))
+                elif committed is not None:
+                    calls.append((loop, committed))
+        _resolve_all([*settled, *reads], error, calls)
 
     @staticmethod
     def _apply(db: sqlite3.Connection, op: tuple[Any, ...], now: float) -> None:
         kind = op[0]
-        if kind == "insert":
+        if kind == "journal":
+            _, parent, task_id, step, text, snapshot, _ = op
+            if snapshot:
+                db.execute(
+                    "DELETE FROM journal WHERE parent_session_id = ? AND task_id = ?",
+                    (parent, task_id),
+                )
+            db.execute(
+                "INSERT OR REPLACE INTO journal (parent_session_id, task_id, step, entry) "
+                "VALUES (?, ?, ?, ?)",
+                (parent, task_id, step, text),
+            )
+        elif kind == "insert":
             row = dict(op[1], updated_at=stored("updated_at", now))
             number = row.pop("number")
             names = ", ".join(row)
@@ -289,6 +385,14 @@ class TaskStore:
             db.execute(
                 f"INSERT OR REPLACE INTO tasks ({names}) VALUES ({marks})", list(row.values())
             )
+            key = (row["parent_session_id"], row["task_id"])
+            db.execute("DELETE FROM journal WHERE parent_session_id = ? AND task_id = ?", key)
+            db.execute("DELETE FROM durable WHERE parent_session_id = ? AND task_id = ?", key)
+            if op[3] is not None:
+                db.execute(
+                    "INSERT INTO durable (parent_session_id, task_id, prompt) VALUES (?, ?, ?)",
+                    (*key, op[3]),
+                )
             db.execute(
                 "INSERT INTO meta (key, value) VALUES ('counter', ?) "
                 "ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
@@ -304,12 +408,27 @@ class TaskStore:
                 [*columns.values(), stored("updated_at", now), parent, task_id],
             )
         elif kind == "delete":
-            db.execute(
-                "DELETE FROM tasks WHERE parent_session_id = ? AND task_id = ?", (op[1], op[2])
-            )
+            for table in ("tasks", "durable", "journal"):
+                db.execute(
+                    f"DELETE FROM {table} WHERE parent_session_id = ? AND task_id = ?",
+                    (op[1], op[2]),
+                )
         elif kind == "delete_session":
-            db.execute("DELETE FROM tasks WHERE parent_session_id = ?", (op[1],))
-            db.execute("DELETE FROM sessions WHERE parent_session_id = ?", (op[1],))
+            for table in ("tasks", "sessions", "durable", "journal"):
+                db.execute(f"DELETE FROM {table} WHERE parent_session_id = ?", (op[1],))
+        elif kind == "durable":
+            columns = op[3]
+            sets = ", ".join(f"{name} = ?" for name in columns)
+            db.execute(
+                f"UPDATE durable SET {sets} WHERE parent_session_id = ? AND task_id = ?",
+                [*columns.values(), op[1], op[2]],
+            )
+        elif kind == "orphans":
+            db.execute(
+                "DELETE FROM journal WHERE NOT EXISTS (SELECT 1 FROM durable WHERE "
+                "durable.parent_session_id = journal.parent_session_id AND "
+                "durable.task_id = journal.task_id)"
+            )
         elif kind == "spent":
             db.execute(
                 "INSERT INTO sessions (parent_session_id, spent_tokens) VALUES (?, ?) "
@@ -326,14 +445,37 @@ def _future() -> asyncio.Future[None] | None:
         return None
 
 
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    def settle() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+def _resolve_all(
+    futures: list[tuple[asyncio.Future[Any], Any]],
+    error: BaseException | None,
+    calls: list[tuple[asyncio.AbstractEventLoop, Callable[[], object]]],
+) -> None:
+    """Settle ``futures`` (each with its value) and make ``calls``, one wake-up per loop.
 
-    with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
-        future.get_loop().call_soon_threadsafe(settle)
+    Each call runs on its own loop, after the futures of that loop were settled.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[Any], list[Callable[[], object]]]] = {}
+    for future, value in futures:
+        by_loop.setdefault(future.get_loop(), ([], []))[0].append((future, value))
+    for loop, call in calls:
+        by_loop.setdefault(loop, ([], []))[1].append(call)
+
+    def settle(
+        group: list[tuple[asyncio.Future[Any], Any]], then: list[Callable[[], object]]
+    ) -> None:
+        for future, value in group:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+        for call in then:  # each on its own: one that raises does not keep the others
+            try:
+                call()
+            except Exception:
+                log.exception("a callback of a task store's commit raised")
+
+    for loop, (group, then) in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile
+            loop.call_soon_threadsafe(settle, group, then)

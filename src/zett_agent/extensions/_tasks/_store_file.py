@@ -10,10 +10,15 @@
    the JSON ones decoded and shape-checked, and every task's number against the store's
    counter. The first bad value is a ``TaskStoreError`` naming the file, the table, the row
    (and its task) and the column. A value beyond its column's bound never reaches Python.
+   The journals of durable tasks are the exception (``_store_journal``): a bad step fails
+   only its task, which the store reports as damaged. A file of an older schema is checked
+   against that schema.
    A read-only connection writes nothing, not even the checkpoint of a WAL a dead host left;
    the sqlite side files it had to make are removed again when the store is refused.
 3. ``connect``: only then the connection that writes, for the writer thread: a new file gets
-   the schema, in WAL mode with ``synchronous=NORMAL``.
+   the schema, in WAL mode with ``synchronous=NORMAL``; a file of an older schema is
+   upgraded in place, in one transaction (``TaskStoreError`` naming both versions if that
+   fails, the file unchanged).
 """
 
 from __future__ import annotations
@@ -27,16 +32,20 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from zett_agent.extensions._tasks._store_journal import JournalInfo, read_journals
 from zett_agent.extensions._tasks._store_lock import SIDE_FILES, StoreLock
 from zett_agent.extensions._tasks._store_schema import (
     APPLICATION_ID,
+    DURABLE,
     META,
     SCHEMA,
     SCHEMA_VERSION,
     SESSIONS,
     TASKS,
+    UPGRADES,
     BadValue,
     Column,
+    StoredDurable,
     StoredTask,
     TaskStoreError,
     task_number,
@@ -52,14 +61,20 @@ _FETCH = 512
 class Contents:
     """What a store file holds, every value checked.
 
-    Its tasks (oldest first), what each session spent, the last task number, and whether the
-    file is new (empty: it gets the schema).
+    Its tasks (oldest first), what each session spent, the last task number, whether the file
+    is new (empty: it gets the schema), the durable tasks' rows and journals (by
+    ``(parent_session_id, task_id)``), the journal rows of no task, and the schema it was
+    written with when older than this version's (it is upgraded).
     """
 
     tasks: list[StoredTask] = field(default_factory=list)
     spent: dict[str, int] = field(default_factory=dict)
     counter: int = 0
     fresh: bool = False
+    durable: dict[tuple[str, str], StoredDurable] = field(default_factory=dict)
+    journals: dict[tuple[str, str], JournalInfo] = field(default_factory=dict)
+    orphans: int = 0
+    upgrade: int | None = None
 
 
 class _Damaged(Exception):
@@ -112,11 +127,15 @@ def read(lock: StoreLock) -> Contents:
         raise
 
 
-def connect(lock: StoreLock, *, fresh: bool) -> sqlite3.Connection:
-    """The connection the writer thread writes with (a ``fresh`` file gets the schema first).
+def connect(lock: StoreLock, *, fresh: bool, upgrade: int | None = None) -> sqlite3.Connection:
+    """The connection the writer thread writes with.
+
+    A ``fresh`` file gets the schema first; one of an older schema (``upgrade``: its version)
+    is upgraded to this version's, in one transaction.
 
     Raises:
-        TaskStoreError: The file cannot be opened for writing (nothing was written then).
+        TaskStoreError: The file cannot be opened for writing, or not upgraded (nothing was
+            written then).
     """
     shown = lock.shown
     try:
@@ -136,6 +155,8 @@ def connect(lock: StoreLock, *, fresh: bool) -> sqlite3.Connection:
                 f"BEGIN; {SCHEMA} PRAGMA application_id = {APPLICATION_ID}; "
                 f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
+        elif upgrade is not None:
+            _upgrade(db, shown, upgrade)
         db.execute("PRAGMA synchronous = NORMAL")
     except sqlite3.Error as exc:
         db.close()
@@ -144,6 +165,23 @@ def connect(lock: StoreLock, *, fresh: bool) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _upgrade(db: sqlite3.Connection, shown: str, version: int) -> None:
+    """Upgrade the file from schema ``version`` to this version's, all or nothing."""
+    try:
+        db.executescript(
+            f"BEGIN IMMEDIATE; {UPGRADES[version][1]} PRAGMA user_version = {SCHEMA_VERSION}; "
+            "COMMIT;"
+        )
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise TaskStoreError(
+            f"task store {shown} was written by an older zett_agent (task store schema "
+            f"{version}) and could not be upgraded to schema {SCHEMA_VERSION} ({exc}); it was "
+            "left as it is. Check that its directory is writable, or choose another store path"
+        ) from exc
 
 
 def _read(db: sqlite3.Connection, shown: str) -> Contents:
@@ -163,22 +201,47 @@ def _read(db: sqlite3.Connection, shown: str) -> Contents:
             f"version reads schema {SCHEMA_VERSION} and older); it was left as it is. Upgrade "
             "zett_agent, or choose another store path"
         )
-    if version < 1:
+    if version < 1 or (version < SCHEMA_VERSION and version not in UPGRADES):
         raise TaskStoreError(
-            f"{shown} is damaged (a task store without a schema version); it was left as it "
-            "is. Move it away, or choose another store path"
+            f"{shown} is damaged (a task store without a schema version this version knows: "
+            f"{version}; this version reads schema {SCHEMA_VERSION} and upgrades "
+            f"{', '.join(map(str, sorted(UPGRADES))) or 'none'}); it was left as it is. Move it "
+            "away, or choose another store path"
         )
-    _check_schema(db)
+    upgrade = version if version < SCHEMA_VERSION else None
+    _check_schema(db, UPGRADES[version][0] if upgrade is not None else SCHEMA)
     counter = 0
     for _, (_, value) in _rows(db, "meta", "rowid", META):
         counter = value  # the one key there is: "counter"
     spent = {session: tokens for _, (session, tokens) in _rows(db, "sessions", "rowid", SESSIONS)}
     tasks = _tasks(db, counter)
+    durable: dict[tuple[str, str], StoredDurable] = {}
+    journals: dict[tuple[str, str], JournalInfo] = {}
+    orphans = 0
+    if upgrade is None:  # a schema-1 file has no durable task
+        durable = _durable(db, {(t.parent_session_id, t.task_id) for t in tasks})
+        journals, orphans = read_journals(db, durable.keys())
     # after the rows (a bad value is named by its row), what they do not show: the indexes
     verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
     if verdict != "ok":
         raise _Damaged("sqlite's quick_check", str(verdict)[:500])
-    return Contents(tasks, spent, counter)
+    return Contents(tasks, spent, counter, False, durable, journals, orphans, upgrade)
+
+
+def _durable(
+    db: sqlite3.Connection, tasks: set[tuple[str, str]]
+) -> dict[tuple[str, str], StoredDurable]:
+    durable: dict[tuple[str, str], StoredDurable] = {}
+    for rowid, values in _rows(db, "durable", "rowid", DURABLE):
+        row = StoredDurable(*values)
+        key = (row.parent_session_id, row.task_id)
+        if key not in tasks:
+            raise _Damaged(
+                f"{_row(db, 'durable', 'rowid', rowid)}, column task_id",
+                "the store holds no such task",
+            )
+        durable[key] = row
+    return durable
 
 
 def _tasks(db: sqlite3.Connection, counter: int) -> list[StoredTask]:
@@ -209,6 +272,7 @@ _LABELS = {
     "tasks": (("task_id", "task"), ("parent_session_id", "of session")),
     "sessions": (("parent_session_id", "session"),),
     "meta": (("key", "key"),),
+    "durable": (("task_id", "task"), ("parent_session_id", "of session")),
 }
 
 
@@ -282,13 +346,13 @@ def _explain(db: sqlite3.Connection, table: str, key: str, value: int, column: C
     raise BadValue("it breaks the rule of its column")  # sqlite said so; Python found nothing
 
 
-def _check_schema(db: sqlite3.Connection) -> None:
-    """Refuse a file whose schema is not exactly the one this version makes.
+def _check_schema(db: sqlite3.Connection, schema: str) -> None:
+    """Refuse a file whose schema is not exactly ``schema`` (the one it says it has).
 
     Its objects are compared first, by name: only a table known to be ours is then described
     (its name goes into a ``PRAGMA``).
     """
-    expected = _reference_schema()
+    expected = _reference_schema(schema)
     objects = {
         (str(kind), str(name)) for kind, name in db.execute("SELECT type, name FROM sqlite_master")
     }
@@ -317,10 +381,10 @@ def _table(db: sqlite3.Connection, name: str) -> Any:
 
 
 @functools.cache
-def _reference_schema() -> dict[tuple[str, str], Any]:
-    """A new store's schema objects, each table with its description (made once, in memory)."""
+def _reference_schema(schema: str) -> dict[tuple[str, str], Any]:
+    """A store's schema objects, each table with its description (made once, in memory)."""
     with contextlib.closing(sqlite3.connect(":memory:")) as db:
-        db.executescript(SCHEMA)
+        db.executescript(schema)
         objects = db.execute("SELECT type, name FROM sqlite_master").fetchall()
         return {
             (kind, name): _table(db, name) if kind == "table" else None for kind, name in objects

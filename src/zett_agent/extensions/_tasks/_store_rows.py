@@ -1,9 +1,11 @@
 """What a background task is in a ``TaskStore``: the row it is written as, and how it returns.
 
 ``task_row`` and ``progress_columns`` are what the registry writes of a task; ``restore_tasks``
-turns the rows a store loaded (each checked when it opened) back into ended ``SubAgentTask``
-objects, a task that was running when its host stopped as lost (``lost_reason`` says what it
-had done). It writes nothing: what a lost task becomes is returned, for the registry to write
+turns the rows a store loaded (each checked when it opened) back into ``SubAgentTask``
+objects: ended ones as they were, a task that was running when its host stopped as lost
+(``lost_reason`` says what it had done), unless it is durable: then it runs again, waiting
+for its session's next request to resume (one whose journal is damaged is lost, saying so).
+It writes nothing: what a lost or resumed task becomes is returned, for the registry to write
 once the whole restore succeeded.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from zett_agent.extensions._tasks._durable import HOST_STOPPED, DurableState
+from zett_agent.extensions._tasks._store_journal import JournalInfo
 from zett_agent.extensions._tasks._task import SubAgentTask, SubAgentTaskStatus
 from zett_agent.extensions._tasks._task_messages import TaskMessages
 
@@ -47,16 +51,17 @@ def progress_columns(task: SubAgentTask) -> dict[str, Any]:
     }
 
 
-#: a restored session: its id, its tasks (each with whether its notice is owed), what it spent
-RestoredSession = tuple[str, list[tuple[SubAgentTask, bool]], int]
+#: a restored session: its id, its tasks (each with whether its notice is owed, ``None`` for a
+#: task that resumes), what it spent
+RestoredSession = tuple[str, list[tuple[SubAgentTask, bool | None]], int]
 #: a lost task to write back: the task, and its columns as ``TaskStore.update`` takes them
 LostTask = tuple[SubAgentTask, dict[str, Any]]
 
 
 def restore_tasks(
     store: TaskStore, *, notify: bool
-) -> tuple[list[RestoredSession], list[LostTask]]:
-    """The stored tasks as ended ``SubAgentTask`` objects, by session (oldest first).
+) -> tuple[list[RestoredSession], list[LostTask], list[SubAgentTask]]:
+    """The stored tasks as ``SubAgentTask`` objects, by session (oldest first).
 
     Each comes with whether its completion notice is still owed, each session with what it
     spent.
@@ -64,11 +69,14 @@ def restore_tasks(
     A task stored as pending or running was lost with its host: it becomes ``failed`` with
     ``lost`` set and an error that starts with ``lost:`` and says what it had done, and its
     notice is owed (with ``notify``). Those are returned too, with the columns to write back:
-    nothing is written here.
+    nothing is written here. A durable one is ``running`` instead, waiting to resume
+    (``DurableState.waiting``, its host's stop recorded as a death), and returned as resumed;
+    unless its journal is damaged: then it is lost, its error saying where.
     """
     now = time.monotonic()
     lost: list[LostTask] = []
-    sessions: dict[str, list[tuple[SubAgentTask, bool]]] = {}
+    resumed: list[SubAgentTask] = []
+    sessions: dict[str, list[tuple[SubAgentTask, bool | None]]] = {}
     spent: dict[str, int] = dict(store.spent)
     used: dict[str, int] = {}
     for stored in store.tasks:
@@ -99,14 +107,45 @@ def restore_tasks(
         )
         task.last_activity = now - elapsed
         task.counted_tokens = task.total_tokens
-        task.settled.set()
-        task.running.set()
         if stored.messages is not None:
             task.messages = TaskMessages.restored(stored.messages)
-        due = stored.notice == "due"
+        key = (stored.parent_session_id, stored.task_id)
+        durable = store.durable.get(key)
+        journal = store.journals.get(key, JournalInfo())
+        if durable is not None:
+            task.durable = DurableState(
+                durable.prompt,
+                resumes=durable.resumes,
+                crashes=durable.crashes,
+                deaths=list(durable.deaths or ()),
+                steps=journal.steps,
+                bytes=journal.bytes,
+                next_step=journal.last + 1,
+            )
+            if not status.terminal and journal.damaged is None:
+                task.status = SubAgentTaskStatus.RUNNING
+                task.finished_monotonic = None
+                task.durable.died(HOST_STOPPED)
+                task.durable.resumes += 1
+                task.durable.waiting = True
+                task.durable.model = None
+                sessions.setdefault(task.parent_session_id, []).append((task, None))
+                resumed.append(task)
+                used[task.parent_session_id] = used.get(task.parent_session_id, 0) + (
+                    task.total_tokens
+                )
+                continue
+        task.settled.set()
+        task.running.set()
+        due: bool | None = stored.notice == "due"
         if not status.terminal:
             task.lost = True
             task.error = lost_reason(task, status)
+            if durable is not None:
+                task.error = (
+                    f"lost: its journal is damaged, so it could not resume after its host "
+                    f"stopped ({journal.damaged}). Start it again if needed"
+                )
             due = notify
             columns = {
                 "status": task.status.value,
@@ -122,7 +161,7 @@ def restore_tasks(
         (session_id, tasks, max(spent.get(session_id, 0), used.get(session_id, 0)))
         for session_id, tasks in sessions.items()
     ]
-    return restored, lost
+    return restored, lost, resumed
 
 
 def lost_reason(task: SubAgentTask, status: SubAgentTaskStatus) -> str:

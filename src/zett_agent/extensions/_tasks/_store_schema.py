@@ -1,9 +1,13 @@
 """What a task store holds: its tables, the type and range of every value, its error.
 
-One table of rules (``TASKS``, ``SESSIONS``, ``META``) serves both directions: the writer
-(``_store``) passes each value through ``stored`` (counts clamped to their range, long text
-cut with a note), and opening a store (``_store_file``) refuses any value the writer could
-not have written. What a store writes, it reads back.
+One table of rules (``TASKS``, ``SESSIONS``, ``META``, ``DURABLE``, ``JOURNAL``) serves both
+directions: the writer (``_store``) passes each value through ``stored`` (counts clamped to
+their range, long text cut with a note), and opening a store (``_store_file``) refuses any
+value the writer could not have written. What a store writes, it reads back.
+
+Schema 2 added the tables of durable tasks (``durable``: what a durable task needs to resume;
+``journal``: its steps, see ``_journal_entries``); a schema-1 file is upgraded in place when it
+opens (``UPGRADES``).
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zett_agent.extensions._journal_entries import MAX_ENTRY_BYTES
 from zett_agent.extensions._tasks._task import SubAgentTaskStatus
 from zett_agent.extensions._tasks._task_messages import MAX_MESSAGES
 
 __all__ = [
     "APPLICATION_ID",
+    "DURABLE",
+    "JOURNAL",
     "MAX_COUNT",
+    "MAX_DEATHS",
     "MAX_ID_BYTES",
     "MAX_TEXT_BYTES",
     "META",
@@ -28,8 +36,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "SESSIONS",
     "TASKS",
+    "UPGRADES",
     "BadValue",
     "Column",
+    "StoredDurable",
     "StoredTask",
     "TaskStoreError",
     "stored",
@@ -38,10 +48,10 @@ __all__ = [
 ]
 
 #: the schema this version writes and reads (``PRAGMA user_version``)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: ``PRAGMA application_id`` of a task store: "zett" in ASCII
 APPLICATION_ID = 0x7A657474
-SCHEMA = """
+_SCHEMA_1 = """
 CREATE TABLE tasks (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     parent_session_id TEXT NOT NULL,
@@ -75,6 +85,30 @@ CREATE TABLE meta (
     value INTEGER NOT NULL
 );
 """
+_DURABLE_TABLES = """
+CREATE TABLE durable (
+    parent_session_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    resumes INTEGER NOT NULL DEFAULT 0,
+    crashes INTEGER NOT NULL DEFAULT 0,
+    deaths TEXT,
+    PRIMARY KEY (parent_session_id, task_id)
+);
+CREATE TABLE journal (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent_session_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    entry TEXT NOT NULL,
+    UNIQUE (parent_session_id, task_id, step)
+);
+"""
+#: the schema a new store gets
+SCHEMA = _SCHEMA_1 + _DURABLE_TABLES
+#: each older schema this version reads: what it holds, and the script that upgrades it to
+#: this version's in place (in one transaction, with ``PRAGMA user_version``)
+UPGRADES = {1: (_SCHEMA_1, _DURABLE_TABLES)}
 
 #: longest id, name or key (a session id, a task id, a definition's name, a tool's name), in
 #: UTF-8 bytes: far beyond any real one; a longer id is refused when its task is stored
@@ -91,6 +125,10 @@ MAX_COUNT = 2**63 - 1
 MAX_SECONDS = 1e12
 #: most a progress report may count (as ``SubAgentTask.fold_progress`` takes it)
 _MAX_PROGRESS = 10**12
+#: most deaths of a durable task kept (the latest; each names its try)
+MAX_DEATHS = 100
+#: longest reason of one death, in characters
+_MAX_REASON = 500
 #: what a task's ``notice`` column may say
 NOTICES = frozenset({"none", "due", "read", "delivered"})
 STATUSES = frozenset(s.value for s in SubAgentTaskStatus)
@@ -133,6 +171,21 @@ class StoredTask:
     messages: dict[str, Any] | None
     lost: bool
     notice: str
+
+
+@dataclass
+class StoredDurable:
+    """What a durable task needs to resume, as the store keeps it (checked when it opened).
+
+    ``deaths`` lists each try that died: ``{"try": n, "reason": "..."}``, oldest first.
+    """
+
+    parent_session_id: str
+    task_id: str
+    prompt: str
+    resumes: int
+    crashes: int
+    deaths: list[dict[str, Any]] | None
 
 
 class BadValue(ValueError):
@@ -330,6 +383,27 @@ def _messages_shape(value: Any) -> None:
         )
 
 
+def _deaths_shape(value: Any) -> None:
+    """``[{"try": n, "reason": "..."}, ...]``, as ``DurableState.stored_deaths`` writes."""
+    ok = isinstance(value, list) and len(value) <= MAX_DEATHS
+    if ok:
+        for item in value:
+            if not (
+                isinstance(item, dict)
+                and item.keys() == {"try", "reason"}
+                and _count(item["try"], MAX_COUNT)
+                and isinstance(item["reason"], str)
+                and len(item["reason"]) <= _MAX_REASON
+            ):
+                ok = False
+                break
+    if not ok:
+        raise BadValue(
+            f'expected [{{"try": n, "reason": "..."}}, ...] with at most {MAX_DEATHS} deaths '
+            f"and reasons of at most {_MAX_REASON} characters, got {json.dumps(value)[:80]}"
+        )
+
+
 #: the columns of ``tasks`` but ``seq``, in the order of ``StoredTask``
 TASKS = (
     Column("parent_session_id", "id"),
@@ -355,8 +429,30 @@ TASKS = (
 )
 SESSIONS = (Column("parent_session_id", "id"), Column("spent_tokens", "count"))
 META = (Column("key", "choice", choices=frozenset({"counter"})), Column("value", "count"))
+#: the columns of ``durable``, in the order of ``StoredDurable``
+DURABLE = (
+    Column("parent_session_id", "id"),
+    Column("task_id", "id"),
+    Column("prompt", "text", bound=MAX_TEXT_BYTES),
+    Column("resumes", "count"),
+    Column("crashes", "count"),
+    # a death is about 600 bytes as JSON at most
+    Column("deaths", "json", nullable=True, bound=MAX_DEATHS * 700, shape=_deaths_shape),
+)
+#: the columns of ``journal`` but ``seq`` (an entry's JSON is checked by ``read_entry``)
+JOURNAL = (
+    Column("parent_session_id", "id"),
+    Column("task_id", "id"),
+    Column("step", "count"),
+    Column("entry", "text", bound=MAX_ENTRY_BYTES),
+)
 assert tuple(StoredTask.__dataclass_fields__) == tuple(c.name for c in TASKS)
-_RULES = {column.name: column for column in (*TASKS, *SESSIONS)} | {"number": META[1]}
+assert tuple(StoredDurable.__dataclass_fields__) == tuple(c.name for c in DURABLE)
+_RULES = (
+    {column.name: column for column in (*TASKS, *SESSIONS)}
+    | {"number": META[1]}
+    | {column.name: column for column in DURABLE[2:]}
+)
 
 
 def task_number(task_id: str) -> int | None:

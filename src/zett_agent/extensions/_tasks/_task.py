@@ -15,6 +15,7 @@ from zett_agent._text import valid_text
 
 if TYPE_CHECKING:
     from zett_agent._runtime._agent import Agent
+    from zett_agent.extensions._tasks._durable import DurableState
     from zett_agent.extensions._tasks._task_messages import TaskMessages
     from zett_agent.runners._base import ChildJob
 
@@ -69,6 +70,8 @@ class SubAgentTaskInfo(TypedDict, total=False):
     token_budget: int
     messages: dict[str, Any]
     lost: bool
+    resumes: int
+    deaths: list[dict[str, Any]]
 
 
 @dataclass(eq=False)
@@ -92,7 +95,8 @@ class SubAgentTask:
     model call starting, streaming or ending, a tool call, a progress report), frozen once the
     task ended. ``token_budget`` (from the definition) caps ``total_tokens``, the input plus
     output tokens of its model calls. ``lost`` marks a task restored from a ``TaskStore``
-    that was still running when its host stopped (it reads ``failed``).
+    that was still running when its host stopped (it reads ``failed``), unless it was durable:
+    then it resumed (``durable`` holds its tries and their deaths).
     """
 
     task_id: str
@@ -135,6 +139,12 @@ class SubAgentTask:
     #: the input and output tokens the child's own reports add up to (``turn_finished``)
     reported_tokens: tuple[int, int] = field(default=(0, 0), repr=False)
     messages: TaskMessages | None = field(default=None, repr=False)
+    #: a durable task's resumes, deaths and journal (``None``: not durable)
+    durable: DurableState | None = field(default=None, repr=False)
+    #: ``cancel`` was asked for: a resume in progress cancels the child it starts
+    cancelling: bool = field(default=False, repr=False)
+    #: its host closed while it ran: it ended here, its store still says running (durable)
+    suspended: bool = field(default=False, repr=False)
     job: ChildJob | None = field(default=None, repr=False)
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -165,6 +175,24 @@ class SubAgentTask:
 
     def done(self) -> bool:
         return self.status.terminal
+
+    def reopen(self) -> None:
+        """Make a finished task pending again, for a follow-up (``task_resume``).
+
+        Its report, error and stop reason go; its clock, its events and its messages start
+        anew; its counts (turns, tokens) go on.
+        """
+        if not self.status.terminal:
+            raise RuntimeError(f"task {self.task_id}: only a finished task reopens")
+        self.status = SubAgentTaskStatus.PENDING
+        self.output = self.error = self.stop_reason = None
+        self.cancelling = self.suspended = self.stalled = False
+        self.started_monotonic = self.last_activity = time.monotonic()
+        self.finished_monotonic = None
+        self.settled = asyncio.Event()
+        self.running = asyncio.Event()
+        self.messages = None
+        self.job = self.watcher = None
 
     def transition(self, new: SubAgentTaskStatus) -> None:
         """Move to ``new``; raises ``RuntimeError`` for an illegal transition."""
@@ -342,6 +370,12 @@ class SessionTasks:
             self.evicted.popitem(last=False)
         return forgotten_ids
 
+    def reopen(self, task: SubAgentTask) -> None:
+        """A finished task of the session runs again (``task_resume``): no notice owed for it."""
+        if self.finished.pop(task.task_id, 0) is None:  # it was among the finished ones
+            self.active += 1
+        self.mark_read(task.task_id)
+
     def mark_read(self, task_id: str) -> None:
         """The model read the task's outcome through a tool: it owes no notice any more."""
         owed = self.due.pop(task_id, None)
@@ -396,6 +430,10 @@ def describe(task: SubAgentTask, include_output: bool, *, attention: bool) -> Su
         info["messages"] = task.messages.summary()
     if task.lost:
         info["lost"] = True
+    if task.durable is not None:
+        info["resumes"] = task.durable.resumes
+        if task.durable.deaths:
+            info["deaths"] = [dict(death) for death in task.durable.deaths]
     if task.error is not None and task.status is not SubAgentTaskStatus.COMPLETED:
         info["error"] = task.error
     if include_output and task.output is not None:

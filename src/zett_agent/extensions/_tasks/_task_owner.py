@@ -67,6 +67,20 @@ class TaskOwner(Protocol):
         """The opt-in tools, by name."""
         ...
 
+    @property
+    def durable(self) -> bool:
+        """Whether its tasks are durable (journaled, resumed)."""
+        ...
+
+    @property
+    def max_resumes(self) -> int:
+        """How often a durable task resumes after its child died."""
+        ...
+
+    def definition(self, subagent_type: str) -> SubAgentDefinition:
+        """The profile of that name (``ValueError`` naming the valid ones)."""
+        ...
+
     def completion_notice(self, task: SubAgentTask) -> str | None:
         """The message that tells the parent a task finished (None: silent)."""
         ...
@@ -104,6 +118,12 @@ class TaskOwner(Protocol):
         prompt: str,
     ) -> SubAgentTask:
         """Start one background task."""
+        ...
+
+    async def resume(
+        self, context: AgentRunContext, task: SubAgentTask, prompt: str
+    ) -> SubAgentTask:
+        """Continue a finished durable task with a follow-up prompt."""
         ...
 
     async def wait(self, task: SubAgentTask, timeout: float | None = None) -> SubAgentTask:  # noqa: ASYNC109 (the seed's signature)

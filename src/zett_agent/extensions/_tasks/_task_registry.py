@@ -263,11 +263,12 @@ class TaskRegistry:
 
     # -- the store ---------------------------------------------------------------------------
 
-    async def insert(self, task: SubAgentTask, number: int) -> None:
+    async def insert(self, task: SubAgentTask, number: int, *, prompt: str | None = None) -> None:
         """Write a new task's row, before its child starts (a no-op without a store).
 
-        ``number`` is the task's place in the extension's count. The commit (a thread's)
-        overlaps nothing a start needs; cancelling the caller leaves it running.
+        ``number`` is the task's place in the extension's count; ``prompt``: the task is
+        durable (its prompt is stored with it). The commit (a thread's) overlaps nothing a
+        start needs; cancelling the caller leaves it running.
 
         Raises:
             RuntimeError: The store could not write the row, or refused it (an id longer than
@@ -276,7 +277,7 @@ class TaskRegistry:
         if self.store is None:
             return
         try:
-            committed = self.store.insert(task_row(task, number))
+            committed = self.store.insert(task_row(task, number), prompt=prompt)
             if committed is not None:
                 await asyncio.shield(committed)
         except TaskStoreError as exc:
@@ -345,12 +346,13 @@ class TaskRegistry:
     ) -> None:
         """Take in the tasks ``store`` holds (it was just opened), then write back the lost.
 
-        Every one has ended: finished ones come back as they were, running ones as lost
-        (failed), notices owed as owed (``render`` writes a notice of a task forgotten
-        meanwhile). For a new registry: its records are built aside and taken in whole, and
-        the store is written to only then.
+        Finished ones come back as they were, running ones as lost (failed) unless they are
+        durable (then they wait for their session's next request to resume, see
+        ``_task_resume``), notices owed as owed (``render`` writes a notice of a task
+        forgotten meanwhile). For a new registry: its records are built aside and taken in
+        whole, and the store is written to only then.
         """
-        restored, lost = restore_tasks(store, notify=notify)
+        restored, lost, resumed = restore_tasks(store, notify=notify)
         aside = TaskRegistry(self._owner)
         gone: list[tuple[str, str]] = []
         for session_id, tasks, spent in restored:
@@ -358,12 +360,19 @@ class TaskRegistry:
             session.spent_tokens = max(session.spent_tokens, spent)
             for task, due in tasks:
                 session.add(task)
-                gone += ((session_id, g) for g in session.finish(task, notify=due, render=render))
+                if due is not None:  # ended (else: it resumes)
+                    gone += (
+                        (session_id, g) for g in session.finish(task, notify=due, render=render)
+                    )
             aside.refresh(session_id, session)
         self.sessions, self.idle = aside.sessions, aside.idle
         self.forgotten, self.forgotten_spent = aside.forgotten, aside.forgotten_spent
         for task, columns in lost:
             store.update(task.parent_session_id, task.task_id, **columns)
+        for task in resumed:
+            assert task.durable is not None
+            store.update(task.parent_session_id, task.task_id, status=task.status.value)
+            store.update_durable(task.parent_session_id, task.task_id, **task.durable.columns())
         for session_id, task_id in gone:
             store.delete(session_id, task_id)
         for session_id in aside.forgotten:  # beyond max_sessions: gone from the store too

@@ -5,10 +5,12 @@ the task and takes its session's ``max_concurrent`` slot before anything is awai
 task to the store (a task the store cannot take never runs), starts its child on the runner,
 and hands the running task to its watcher. A task whose child did not start is forgotten again;
 a start that finds the extension closing, or its session released, once the runner answered
-cancels the child it just started.
+cancels the child it just started. A durable task is stored with its prompt, and its child
+gets an empty journal (``_durable``); its definition must be picklable (each resume ships it
+to a new child), and its runner able to send the child the journal's acknowledgements.
 
 The starter owns none of the extension's state: the owner gives it its registry, guard and
-watcher, and three calls of its own (``number``, ``launch``, ``closing``).
+watcher, and four calls of its own (``number``, ``launch``, ``closing``, ``durable``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zett_agent.extensions._subagent import open_child_trace
+from zett_agent.extensions._tasks._durable import DurableState, check_durable
 from zett_agent.extensions._tasks._task import SubAgentTask
-from zett_agent.runners._base import CountsTokens
+from zett_agent.runners._base import CountsTokens, SupportsSend
 
 if TYPE_CHECKING:
     from zett_agent.agent import AgentRunContext
@@ -50,6 +53,7 @@ class TaskStarter:
         number: The next task number (shared with the store's restored numbering).
         launch: Starts a child on the runner (see ``Launch``).
         closing: Whether the owner's ``close()`` has begun.
+        durable: Whether the owner's tasks are durable.
     """
 
     registry: TaskRegistry
@@ -58,6 +62,7 @@ class TaskStarter:
     number: Callable[[], int]
     launch: Launch
     closing: Callable[[], bool]
+    durable: Callable[[], bool]
 
     async def start(
         self, context: AgentRunContext, profile: SubAgentDefinition, description: str, prompt: str
@@ -76,6 +81,9 @@ class TaskStarter:
             prompt=prompt,
             token_budget=profile.token_budget,
         )
+        durable = self.durable()
+        if durable:
+            task.durable = DurableState(prompt, profile, context.model)
         # the slot is taken from here on, across the awaits below
         with registry.starting(context.session_id, session):
             # tracing: the child's invoke_agent span (None when off)
@@ -83,14 +91,23 @@ class TaskStarter:
             started = False
             try:
                 # stored before its child starts: a task the store cannot take never runs
-                await registry.insert(task, number)
+                await registry.insert(task, number, prompt=prompt if durable else None)
                 job = await self.launch(
                     context.model,
                     profile,
                     session_id=task.session_id,
                     prompt=prompt,
                     trace=trace,
+                    journal={"steps": [], "next": 1, "follow_up": None} if durable else None,
+                    check=check_durable if durable else None,
                 )
+                if durable and not job.done() and not isinstance(job, SupportsSend):
+                    await job.cancel()
+                    raise TypeError(
+                        "durable tasks need a runner whose children take messages (the journal "
+                        f"acknowledges each step): {type(job).__name__} cannot; use "
+                        "ProcessRunner (the default), InProcessRunner or RayRunner"
+                    )
                 if self.closing() or session.released:  # closing began while it started
                     await job.cancel()
                     what = (
@@ -110,11 +127,13 @@ class TaskStarter:
             finally:
                 if not started:
                     registry.delete(task)
-        self._follow(task, job, trace)
+        self.follow(task, trace)
         return task
 
-    def _follow(self, task: SubAgentTask, job: ChildJob, trace: ChildTrace | None) -> None:
+    def follow(self, task: SubAgentTask, trace: ChildTrace | None = None) -> None:
         """Count the started task's tokens as its job reports them, and start its watcher."""
+        job = task.job
+        assert job is not None
         if isinstance(job, CountsTokens) and job.tokens() is not None:
             task.trusted_tokens = True
             job.on_tokens(lambda more: self.guard.tokens_counted(task, more))

@@ -1,10 +1,10 @@
-"""The model's task tools: the five of every request, the opt-in two, and waiting on tasks.
+"""The model's task tools: the five of every request, the opt-in three, and waiting on tasks.
 
 ``task_tools`` builds what ``AsyncSubAgentExtension.build_tools`` returns: ``task_start``,
 ``task_list``, ``task_status``, ``task_output``, ``task_cancel``, then the ``extra_tools``
-(``task_wait``, ``task_message``). The handlers use the extension's public methods, and for
-the rest only the ``TaskAccess`` the extension grants them (reading a session's task ids,
-marking a report read, queueing a message).
+(``task_wait``, ``task_message``, ``task_resume``). The handlers use the extension's public
+methods, and for the rest only the ``TaskAccess`` the extension grants them (reading a
+session's task ids, marking a report read, queueing a message).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ __all__ = [
 #: Longest ``wait_seconds`` a model may ask ``task_output`` and ``task_wait`` for.
 MAX_WAIT_SECONDS = 600.0
 #: the tools ``extra_tools=`` may name
-EXTRA_TOOLS = ("task_wait", "task_message")
+EXTRA_TOOLS = ("task_wait", "task_message", "task_resume")
 #: most ids one ``task_wait`` takes
 MAX_WAIT_IDS = 50
 #: ``task_wait``'s default ``wait_seconds``
@@ -217,16 +217,16 @@ def task_tools(
             _task_id_schema(),
             task_cancel,
         ),
-        *extra_tools(extension, access, session_id, extension.extra_tools),
+        *extra_tools(extension, access, context, extension.extra_tools),
     )
 
 
 def extra_tools(
-    extension: TaskOwner, access: TaskAccess, session_id: str, names: Iterable[str]
+    extension: TaskOwner, access: TaskAccess, context: AgentRunContext, names: Iterable[str]
 ) -> tuple[AgentTool, ...]:
-    """The tools ``names`` (from ``EXTRA_TOOLS``) for one request of ``session_id``."""
-    build = {"task_wait": _task_wait, "task_message": _task_message}
-    return tuple(build[name](extension, access, session_id) for name in names)
+    """The tools ``names`` (from ``EXTRA_TOOLS``) for one request (``context``)."""
+    build = {"task_wait": _task_wait, "task_message": _task_message, "task_resume": _task_resume}
+    return tuple(build[name](extension, access, context) for name in names)
 
 
 def _task_id_schema() -> dict[str, Any]:
@@ -268,7 +268,9 @@ def _tasks(extension: TaskOwner, access: TaskAccess, session_id: str, ids: list[
     return tasks
 
 
-def _task_wait(extension: TaskOwner, access: TaskAccess, session_id: str) -> AgentTool:
+def _task_wait(extension: TaskOwner, access: TaskAccess, context: AgentRunContext) -> AgentTool:
+    session_id = context.session_id
+
     async def task_wait(
         task_ids: list[str], mode: str = "any", wait_seconds: float = DEFAULT_WAIT_SECONDS
     ) -> str:
@@ -337,7 +339,9 @@ def task_id_property(description: str) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "maxLength": 100, "description": description}
 
 
-def _task_message(extension: TaskOwner, access: TaskAccess, session_id: str) -> AgentTool:
+def _task_message(extension: TaskOwner, access: TaskAccess, context: AgentRunContext) -> AgentTool:
+    session_id = context.session_id
+
     async def task_message(task_id: str, message: str, interrupt: bool = False) -> str:
         task = extension.get_task(session_id, task_id)
         record = access.queue_message(task, message, interrupt)
@@ -372,6 +376,45 @@ def _task_message(extension: TaskOwner, access: TaskAccess, session_id: str) -> 
             "Use `task_message` to correct or extend a running task's instructions instead of "
             "cancelling and restarting it; `task_status` shows `messages.delivered` once the "
             "task read it."
+        ),
+    )
+
+
+def _task_resume(extension: TaskOwner, access: TaskAccess, context: AgentRunContext) -> AgentTool:
+    async def task_resume(task_id: str, prompt: str) -> str:
+        task = extension.get_task(context.session_id, task_id)
+        await extension.resume(context, task, prompt)
+        info = extension.task_info(task)
+        info.setdefault(
+            "hint",
+            "running again in the background with its conversation; read it with task_output",
+        )
+        return _json(info)
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "task_id": task_id_property("the task_id of a finished task"),
+            "prompt": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 100_000,
+                "description": "the follow-up: what the task should do next; it sees its own "
+                "earlier conversation, not this one",
+            },
+        },
+        "required": ["task_id", "prompt"],
+        "additionalProperties": False,
+    }
+    return AgentTool(
+        "task_resume",
+        "Continue a finished (completed, failed, cancelled or lost) task with a follow-up "
+        "prompt: it runs again, same task_id, with its own conversation.",
+        schema,
+        task_resume,
+        guidelines=(
+            "Use `task_resume` to ask a finished task for more (a correction, the next step) "
+            "instead of starting a new one: it keeps what it already did and learned."
         ),
     )
 
