@@ -159,7 +159,7 @@ class AnthropicModel(SdkModel):
         async with self._streamed(encode) as events:
             accumulator = MessageAccumulator()
             async for event in events:
-                text = accumulator.add_event(event)
+                text = accumulator.take(event)
                 if text:
                     yield ModelEvent.text_delta(text)
             if not accumulator.stopped and accumulator.stop_reason is None:

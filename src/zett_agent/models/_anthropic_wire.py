@@ -145,7 +145,7 @@ def _str(value: Any) -> str:
 class MessageAccumulator:
     """Builds one ``ModelResponse`` from the raw events of a streamed message.
 
-    ``add_event`` returns the text an event adds; ``stop_reason`` is set by ``message_delta``,
+    ``take`` returns the text an event adds; ``stop_reason`` is set by ``message_delta``,
     ``stopped`` by ``message_stop``. What it holds is at most what it was given (the budget
     bounds the response).
     """
@@ -165,7 +165,7 @@ class MessageAccumulator:
         self.response_id: str | None = None
         self.response_model: str | None = None
 
-    def add_event(self, event: Any) -> str:
+    def take(self, event: Any) -> str:
         """Take one event; return the text it adds (``""`` if none).
 
         Raises ``ModelError`` for more than ``MAX_TOOL_CALLS`` tool uses, or a tool name longer
