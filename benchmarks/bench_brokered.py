@@ -14,7 +14,8 @@ Four measurements, each against an OpenAI-compatible endpoint on loopback, with
    ``C`` calls per child, ``R`` children per kind, timed inside the child around ``stream()``);
 4. ``M`` brokered children streaming at once through one parent: the endpoint (a process of its
    own) holds every request until all ``M`` have arrived, then streams ``D`` numbered text deltas
-   to each. Each child checks it got every delta, in order; a 1 ms ticker on the parent's event
+   to each. Each child (its model wrapped by ``_counting_child``, a module light to import)
+   checks it got every delta, in order; a 1 ms ticker on the parent's event
    loop measures how late it wakes while they stream (the parent's loop stall, p99 and max).
 """
 
@@ -28,16 +29,13 @@ import statistics
 import sys
 import time
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncIterator
 from typing import Any
 
 import bench_broker
 import bench_subagents
+from _counting_child import Counting
 
-from zett_agent.agent import Agent
-from zett_agent.extensions._subagent import ChildAgentExtension
 from zett_agent.extensions.subagent import SubAgentDefinition
-from zett_agent.model import Model, ModelEvent, ModelEventKind, ModelRequest, RetryOptions
 from zett_agent.models._extras import sdk
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.runners import ChildSpec, ProcessRunner
@@ -48,34 +46,6 @@ TICK = 0.001
 
 def expected(deltas: int) -> str:
     return "".join(f"{i}," for i in range(deltas))
-
-
-class CountingModel:
-    """Wraps the child's model; reports the text deltas it received (in the child)."""
-
-    def __init__(self, inner: Model) -> None:
-        self.inner = inner
-        self.retry: RetryOptions = inner.retry
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        from zett_agent.process import emit
-
-        pieces: list[str] = []
-        async for event in self.inner.stream(request):
-            if event.kind is ModelEventKind.TEXT_DELTA:
-                pieces.append(event.text)
-            elif event.kind is ModelEventKind.COMPLETED:
-                emit({"kind": "deltas", "count": len(pieces), "text": "".join(pieces)})
-            yield event
-
-
-class Counting(ChildAgentExtension):
-    """Builds the child around a ``CountingModel`` (``_create_child`` runs in the child)."""
-
-    def _create_child(
-        self, definition: SubAgentDefinition, *, model: Model, session_id: str
-    ) -> Agent:
-        return Agent(CountingModel(model), system_prompt=definition.system_prompt)
 
 
 class FanOutEndpoint:

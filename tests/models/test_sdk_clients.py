@@ -14,7 +14,7 @@ import pytest
 from support.openai_chunks import HELLO, TEXT_STREAM
 from support.openai_loopback import LoopbackServer, Reply, collect
 from zett_agent.models import _sdk_http
-from zett_agent.models._sdk_clients import LoopClients
+from zett_agent.models._sdk_clients import CALLS_PER_CLIENT, LoopClients
 from zett_agent.models.openai import OpenAIChatModel
 
 HANG_GUARD = 30.0
@@ -178,3 +178,44 @@ async def test_the_tls_context_is_built_off_the_event_loop(monkeypatch: pytest.M
         await collect(model.stream(HELLO))
         await model.aclose()
     assert built_in and built_in[0] != threading.get_ident()
+
+
+async def test_a_lease_shares_a_client_among_at_most_calls_per_client_calls() -> None:
+    clients = LoopClients()
+    leases = [clients.lease("config", FakeClient) for _ in range(2 * CALLS_PER_CLIENT + 1)]
+    held = [await lease.__aenter__() for lease in leases]
+    first, second, third = held[0], held[CALLS_PER_CLIENT], held[-1]
+    assert held[:CALLS_PER_CLIENT] == [first] * CALLS_PER_CLIENT
+    assert held[CALLS_PER_CLIENT:-1] == [second] * CALLS_PER_CLIENT
+    assert len({id(first), id(second), id(third)}) == 3
+    assert await clients.get("config", FakeClient) is first  # the first client is the get's
+    assert clients.count() == 3
+    await leases[-1].__aexit__(None, None, None)  # the third's last call: it is closed
+    assert clients.count() == 2
+    assert await clients.get("config", FakeClient) is first
+    assert third.closed == 1
+    await leases[0].__aexit__(None, None, None)  # a place on the first: the next call takes it
+    async with clients.lease("config", FakeClient) as again:
+        assert again is first
+    for lease in leases[1:-1]:
+        await lease.__aexit__(None, None, None)
+    assert clients.count() == 1  # the first client stays, with its idle connections
+    await clients.get("config", FakeClient)
+    assert (first.closed, second.closed) == (0, 1)
+    await clients.aclose()
+    assert first.closed == 1
+
+
+async def test_a_lease_ending_after_aclose_leaves_the_new_clients_alone() -> None:
+    clients = LoopClients()
+    lease = clients.lease("config", FakeClient)
+    old = await lease.__aenter__()
+    await clients.aclose()
+    assert old.closed == 1
+    new = await clients.get("config", FakeClient)
+    await lease.__aexit__(None, None, None)
+    async with clients.lease("config", FakeClient) as again:
+        assert again is new
+    assert new.closed == 0
+    await clients.aclose()
+    assert new.closed == 1

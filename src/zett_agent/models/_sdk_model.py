@@ -210,14 +210,18 @@ class SdkModel:
         stream: Any = None
         try:
             await tls_context_ready()
-            client = await self._clients.get(
+            async with self._clients.lease(
                 self._client_config(), functools.partial(self._new_client, sdk)
-            )
-            async with asyncio.timeout_at(deadline):
-                stream = await post_stream(
-                    sdk, client.sdk, api.path, body, key_headers(client.places, key)
-                )
-            yield paced(stream, deadline)
+            ) as client:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        stream = await post_stream(
+                            sdk, client.sdk, api.path, body, key_headers(client.places, key)
+                        )
+                    yield paced(stream, deadline)
+                finally:
+                    await close_quietly(stream)  # the call's connection, before the lease ends
+                    stream = None
         except Exception as exc:
             error = model_error(exc, sdk, call)
             if error is exc:

@@ -33,6 +33,11 @@ time, at most 2 ms per event-loop callback, as the engine decodes frames. When t
 (completes, fails, is killed or cancelled) every call it had open is cancelled, which closes
 its provider request.
 
+**Many calls at once take turns.** Before a call reads its next event it asks ``_pacing``
+whether the loop's relaying budget for this turn (2 ms) is spent; if so it waits for a later
+loop iteration, a few calls per iteration in the order they came, so the parent's timers and
+other work run between turns however many children stream at once.
+
 **What a call costs the child** (its token budget trusts these counts): each call is charged
 once, as it ends, whatever ends it (completed, closed or cancelled by the child, the child's
 death, an error, ``close()``): the usage its model reported, else an estimate from the request
@@ -56,6 +61,7 @@ import cloudpickle
 
 from zett_agent._model import Model, ModelError, ModelEventKind, ModelRequest, TransientModelError
 from zett_agent._tracing._trace_models import ModelNotes, model_attributes
+from zett_agent.runners._broker._pacing import pace
 from zett_agent.runners._broker._standin import _rebuild
 from zett_agent.runners._broker._usage import (
     CallCharge,
@@ -360,6 +366,7 @@ class Broker:
                     if event.kind is ModelEventKind.COMPLETED:
                         completed = True
                         break
+                    await pace()  # before the next read: many calls at once take turns
             finally:
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:

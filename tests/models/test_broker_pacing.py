@@ -1,0 +1,94 @@
+"""Brokered streams take turns on a busy loop: a budget of relaying per turn, in arrival order."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from zett_agent.runners._broker import _pacing
+from zett_agent.runners._broker._pacing import PER_TURN, TURN_SECONDS, pace
+
+HANG_GUARD = 30.0
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pacer's clock, moved by the test only."""
+    now = [1000.0]
+    monkeypatch.setattr(_pacing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
+def went_on_at_once(coroutine: object) -> bool:
+    """Whether ``coroutine`` (a ``pace()``) finished without suspending."""
+    assert isinstance(coroutine, types.CoroutineType)
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return True
+    coroutine.close()
+    return False
+
+
+async def test_a_call_alone_never_waits(clock: list[float]) -> None:
+    for _ in range(50):
+        assert went_on_at_once(pace())  # within the turn's budget
+    for _ in range(5):
+        clock[0] += 2 * TURN_SECONDS + 1e-6  # events farther apart than the budget
+        assert went_on_at_once(pace())
+
+
+async def test_a_spent_turn_lets_later_calls_go_on_a_few_per_iteration_in_order(
+    clock: list[float],
+) -> None:
+    loop = asyncio.get_running_loop()
+    assert went_on_at_once(pace())  # a turn begins
+    clock[0] += TURN_SECONDS  # and its budget is spent
+    iteration = 0
+
+    def count() -> None:
+        nonlocal iteration
+        iteration += 1
+        loop.call_soon(count)
+
+    count()
+    went: list[tuple[int, int]] = []  # (which call, the iteration it went on in)
+
+    async def call(index: int) -> None:
+        await pace()
+        went.append((index, iteration))
+
+    timer_ran_at: list[int] = []
+    loop.call_later(0, lambda: timer_ran_at.append(len(went)))  # due before the next turn
+    calls = 3 * PER_TURN + 2
+    tasks = [asyncio.ensure_future(call(i)) for i in range(calls)]
+    await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD)
+    assert [index for index, _ in went] == list(range(calls))  # in the order they came
+    per_iteration: dict[int, int] = {}
+    for _, at in went:
+        per_iteration[at] = per_iteration.get(at, 0) + 1
+    assert max(per_iteration.values()) == PER_TURN
+    assert len(per_iteration) == 4
+    assert timer_ran_at == [0]  # the timer that came due first ran before any turn
+
+
+async def test_a_call_cancelled_while_it_waits_leaves_its_place_to_the_next(
+    clock: list[float],
+) -> None:
+    assert went_on_at_once(pace())
+    clock[0] += TURN_SECONDS
+    went: list[int] = []
+
+    async def call(index: int) -> None:
+        await pace()
+        went.append(index)
+
+    tasks = [asyncio.ensure_future(call(i)) for i in range(PER_TURN + 1)]
+    await asyncio.sleep(0)  # all of them wait now
+    assert went == []
+    tasks[0].cancel()
+    await asyncio.wait_for(asyncio.gather(*tasks[1:]), HANG_GUARD)
+    assert went == list(range(1, PER_TURN + 1))
+    assert tasks[0].cancelled()
