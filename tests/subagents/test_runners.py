@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -320,3 +321,19 @@ async def test_the_foreground_extension_takes_a_runner_too() -> None:
             await client.run("go")
     [result] = [m for m in model.requests[-1].messages if getattr(m, "call_id", None)]
     assert result.text == f"in pid {os.getpid()}"  # ran as a task of this very process
+
+
+def test_the_extensions_module_a_shipped_subclass_makes_a_child_import_is_light() -> None:
+    """A definition built by a subclass's ``_create_child`` ships the class by reference: the
+    child imports its module, and with it ``extensions._subagent``, which must not bring the
+    process runner's host side, the engine's pool or psutil."""
+    heavy = ("zett_agent.runners._process", "zett_agent.process._host._pool", "psutil")
+    probe = (
+        "import sys, zett_agent.extensions._subagent\n"
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""

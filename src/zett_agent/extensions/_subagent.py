@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from zett_agent._checks import described, repeated_names
 from zett_agent._runtime._extension import Extension
@@ -16,17 +17,18 @@ from zett_agent.extensions._definition import (
     default_subagents,
 )
 from zett_agent.extensions._preload import child_modules
-from zett_agent.process import ProcessLimits, ProcessPool, Sandbox
+from zett_agent.process import ProcessLimits, Sandbox
 from zett_agent.process._sandbox._options import check_sandbox
 from zett_agent.runners._base import ChildJob, ChildRunner
 from zett_agent.runners._child import ChildSpec, ProgressModel
-from zett_agent.runners._process import ProcessRunner
 from zett_agent.runners._report import failure_reason, report_content
 from zett_agent.tools import AgentTool
 
 if TYPE_CHECKING:
     from zett_agent._model import Model
     from zett_agent.agent import Agent, AgentRunContext
+    from zett_agent.process import ProcessPool
+    from zett_agent.runners._process import ProcessRunner
     from zett_agent.runners._span_relay import ChildTrace
 
 
@@ -96,6 +98,8 @@ class ChildAgentExtension(Extension):
                 raise ValueError("give max_children (max_workers is its older name), not both")
             max_children = max_workers
         if runner is None:
+            from zett_agent.runners._process import ProcessRunner
+
             runner = ProcessRunner(pool, max_children=max_children, kill_grace=kill_grace)
             runner.owner = type(self).__name__  # named in the warning if never closed
         else:
@@ -118,7 +122,7 @@ class ChildAgentExtension(Extension):
                     "runner must implement zett_agent.runners.ChildRunner (warm_up, submit, "
                     f"close), such as ProcessRunner() or InProcessRunner(); got {runner!r}"
                 )
-            if isinstance(runner, ProcessRunner):
+            if _is_process_runner(runner):
                 runner.owner = type(self).__name__
         self.subagents: tuple[SubAgentDefinition, ...] = definitions
         self.limits = limits
@@ -143,7 +147,7 @@ class ChildAgentExtension(Extension):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__core = ChildCore(self.__runner)
-        if isinstance(self.__runner, ProcessRunner):
+        if _is_process_runner(self.__runner):
             self.__runner.owner = type(self).__name__
 
     def definition(self, subagent_type: str) -> SubAgentDefinition:
@@ -475,3 +479,14 @@ def warm_up(extension: ChildAgentExtension, parent_model: Model | None) -> None:
     is none (the MCP server): then only what the definitions' own models import counts.
     """
     child_core(extension).warm_up(extension, parent_model)
+
+
+def _is_process_runner(runner: object) -> TypeGuard[ProcessRunner]:
+    """Whether ``runner`` is a ``ProcessRunner``, without importing its module.
+
+    A child that unpickles an extension (a subclass shipped to build its agent) imports this
+    module: it must not import the process runner's host side, the engine and psutil with it.
+    A runner of that class exists only once its module was imported.
+    """
+    module = sys.modules.get("zett_agent.runners._process")
+    return module is not None and isinstance(runner, module.ProcessRunner)
