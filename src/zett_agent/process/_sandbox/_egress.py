@@ -8,7 +8,7 @@ patterns, normalising what a job asks for, classifying addresses; no I/O.
 Patterns (``allow=``):
 
 - ``"api.github.com"``: that name, port 443; ``"api.github.com:8443"``: port 8443;
-- ``"*.pypi.org"``: any name below ``pypi.org`` (not ``pypi.org`` itself), port 443;
+- ``"*.example.org"``: any name below ``example.org`` (not ``example.org`` itself), port 443;
 - ``"203.0.113.7:80"``, ``"[2001:db8::1]:443"``, ``"127.0.0.1:8080"``: an address, with its
   port (443 when none is given). An address listed here may be reached even when it is a
   loopback, private or link-local one.
@@ -119,7 +119,7 @@ def _parse_pattern(pattern: object) -> _Rule:
     if not isinstance(pattern, str):
         raise TypeError(
             f"Egress(allow=...) takes host patterns as str, got {type(pattern).__name__} "
-            f"{pattern!r:.40}; write allow=['api.example.com', '*.pypi.org:443']"
+            f"{pattern!r:.40}; write allow=['api.example.com', '*.example.org:443']"
         )
     host, port = _split_port(pattern.strip(), "Egress(allow=...) pattern")
     address = _address(host)
@@ -182,7 +182,7 @@ def parse_target(host: str, port: int) -> Target:
 class Egress:
     """The hosts a sandboxed job may reach, through its parent (``Sandbox(network=Egress())``).
 
-    - ``allow``: host patterns (see the module: ``"api.github.com"``, ``"*.pypi.org"``, an
+    - ``allow``: host patterns (see the module: ``"api.github.com"``, ``"*.example.org"``, an
       optional ``:port``, default 443; addresses as ``"203.0.113.7:80"`` or
       ``"[2001:db8::1]:443"``). Nothing else is reachable.
     - ``hosts``: a static name map, ``{"api.test": "127.0.0.1"}``: these names resolve to these
