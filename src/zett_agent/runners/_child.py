@@ -96,6 +96,7 @@ def set_default_build(build: ChildBuild, rehearsal: Callable[[], ChildSpec] | No
     extensions, which every public path to ``SubAgentDefinition`` imports). A spec made
     without a ``build`` takes it when it is made (``ChildSpec.__post_init__``), so it ships its
     build by reference and the child imports the build's module as it unpickles the spec.
+    ``rehearsal`` makes the spec ``rehearse`` runs with that build (a spare worker's warm-up).
     """
     _default_build[:] = [build]
     _rehearsal[:] = [] if rehearsal is None else [rehearsal]

@@ -119,8 +119,9 @@ class ProcessPool:
       path writes to, and a rehearsal pays them before the job arrives (a child agent's first
       turn ran in less than half the time). It must leave nothing behind (no thread, no file,
       no global state a job could see); asyncio's policy is reset after it, and what it raises
-      is ignored. The launcher imports the module and fails to start, naming the error, if it
-      cannot be found.
+      is ignored. A job that reaches a spare in the middle of its rehearsal waits for the
+      rehearsal to end (a few ms on a busy machine); keep it short. The launcher imports the
+      module and fails to start, naming the error, if it cannot be found.
     - ``nice``: added to every worker's niceness as it is forked, before it runs anything
       (0 to 19; default 0): CPU-heavy jobs then never compete with the host's event loop for
       a core, not even while they unpickle and start.
