@@ -43,6 +43,7 @@ from typing import Any
 
 import psutil
 
+from support.liveness import alive
 from zett_agent.agent import AgentRunConfig
 from zett_agent.client import create_agent
 from zett_agent.extensions.async_subagent import (
@@ -457,15 +458,11 @@ def _reap_descendants(within: float = 10.0) -> None:
     """Wait until every process this (subreaper) process adopted is gone, and reap them."""
     deadline = time.monotonic() + within
     while True:
-        alive = [
-            p
-            for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE
-        ]
-        if not alive:
+        running = [p for p in psutil.Process().children(recursive=True) if alive(p.pid)]
+        if not running:
             break
         if time.monotonic() > deadline:
-            raise AssertionError(f"processes of a killed host still alive: {alive}")
+            raise AssertionError(f"processes of a killed host still alive: {running}")
         time.sleep(0.005)
     for child in psutil.Process().children():
         with contextlib.suppress(ChildProcessError):
