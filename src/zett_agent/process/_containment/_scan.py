@@ -4,8 +4,16 @@ A tree can change while it is being looked at, so it is frozen first: every memb
 ``SIGSTOP``. A stopped process can neither fork nor reap, so its children stay listed under it
 (alive or as zombies) and their pids cannot be reused. Each round lists the children of *every*
 stopped member again (an orphan that was reparented to a stopped subreaper of the tree shows up
-there) and stops the new ones; the rounds go on, however long the tree keeps forking, until a
-round finds nothing new. Then everything gets ``SIGKILL``.
+there) and stops the new ones; the rounds go on, however long the tree keeps forking, until
+*two rounds in a row* find nothing new. Then everything gets ``SIGKILL``.
+
+Why two: a round's lists are read one after the other, not at one instant. A member caught
+while it exits (a pid-hopping process: fork a successor, exit) has ``SIGSTOP`` pending but dies
+anyway, and its live child is reparented to the subreaper after the subreaper's list was read
+and before the dying member's was: that round sees it nowhere. Every such move happens before
+the round ends, so a second round over the same stopped set, every list read after it, finds
+the child under the subreaper. A round that found something, even a pid gone before it could be
+stopped, counts as finding something.
 
 Children are read from ``/proc/PID/task/TID/children`` (every thread's list); on kernels built
 without it, from one scan of all of ``/proc`` per round.
@@ -157,15 +165,17 @@ def freeze_and_kill(
     cannot be reused meanwhile). Returns every pid that was killed; their parents or
     subreapers reap them, and ``wait_dead`` waits until they exited. Each round lists the
     children of every stopped process (so orphans reparented inside the tree are found); the
-    rounds end when one finds nothing new, however fast the tree forks. Blocks the calling
-    thread for about one round per level the tree grows while it is being frozen.
+    rounds end when two in a row find nothing new (see the module's docstring), however fast
+    the tree forks. Blocks the calling thread for about one round per level the tree grows
+    while it is being frozen, plus one.
     """
     skip = set(exclude)
     stopped: set[int] = set()
     frontier = {pid for pid in roots if pid not in skip}
     procs: dict[int, tuple[int, str]] | None = None
     through = pidfds or {}
-    while frontier:
+    quiet = 0  # rounds in a row that found nothing new
+    while quiet < 2:
         newly = {pid for pid in frontier if _signal(pid, signal.SIGSTOP, through)}
         stopped |= newly
         # stopped before they are listed: from then on none of them can fork
@@ -176,6 +186,7 @@ def freeze_and_kill(
         for pid in stopped:
             found |= children(pid, procs)
         frontier = found - stopped - skip
+        quiet = 0 if frontier else quiet + 1
     for pid in stopped:
         _signal(pid, signal.SIGKILL, through)
     return stopped
