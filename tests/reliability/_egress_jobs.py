@@ -192,3 +192,26 @@ def send_descriptors(count: int) -> str:
     for fd in fds:
         os.close(fd)
     return "done"
+
+
+def tunnel(port: int, size: int) -> Any:
+    """Through a CONNECT tunnel: ask for ``size`` bytes, end the sending side (half-close), and
+    read the answer to its end: ``[status line, body bytes]``."""
+    with socket.create_connection(proxy_address(), timeout=30) as sock:
+        sock.sendall(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return ["closed", 0]
+            answer += chunk
+        if b" 200 " not in answer.split(b"\r\n", 1)[0]:
+            return [answer.split(b"\r\n", 1)[0].decode(), 0]
+        emit("tunnel")
+        sock.sendall(f"GET /big?size={size} HTTP/1.0\r\nHost: api.test:{port}\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)
+        received = bytearray()
+        while chunk := sock.recv(1 << 16):
+            received += chunk
+    head, _, body = bytes(received).partition(b"\r\n\r\n")
+    return [head.split(b"\r\n", 1)[0].decode(), len(body)]

@@ -49,6 +49,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             while size > 0:
                 self.wfile.write(chunk[: min(size, len(chunk))])
                 size -= len(chunk)
+            self.wfile.flush()
+            self.server.sent.set()  # type: ignore[attr-defined]
             return
         body = json.dumps({"path": self.path, "host": self.headers.get("Host")}).encode()
         self.send_response(200)
@@ -64,6 +66,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     block_on_close = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.sent = threading.Event()  # a /big answer was all handed to the kernel
 
 
 class Servers:
@@ -242,6 +248,38 @@ async def test_max_bytes_cuts_a_transfer_under_way(servers: Servers) -> None:
     assert log is not None
     assert any("max_bytes=1048576" in d["reason"] for d in log.decisions)
     assert log.counts()["bytes"] == 1 << 20  # to the byte: what would go past is never sent
+
+
+async def test_a_tunnel_half_closed_by_the_job_still_brings_the_whole_answer(
+    servers: Servers,
+) -> None:
+    """The job ends its sending side right after its request: the end goes on to the host, and
+    the answer (8 MiB) still comes back whole, counted."""
+    size = 8 << 20
+    async with ProcessPool(1) as pool:
+        job = pool.submit(jobs.tunnel, servers.http_port, size, sandbox=sandbox(egress(servers)))
+        status, body = await outcome(job)
+    assert (status, body) == ("HTTP/1.1 200 OK", size)
+    log = job.egress
+    assert log is not None
+    closed = [d for d in log.decisions if d["reason"] == "closed"]
+    assert len(closed) == 1 and closed[0]["bytes"] > size
+
+
+async def test_bytes_move_while_the_parents_loop_is_blocked(servers: Servers) -> None:
+    """The relay is not the loop's work: with the parent's event loop blocked, a 32 MiB answer
+    (more than every socket buffer on its way holds) still leaves the server whole."""
+    size = 32 << 20
+    async with ProcessPool(1) as pool:
+        job = pool.submit(jobs.tunnel, servers.http_port, size, sandbox=sandbox(egress(servers)))
+        async with asyncio.timeout(GUARD):
+            async for event in job.events():
+                assert event == "tunnel"
+                break
+        # the loop is blocked here, on purpose, until the server handed over its last byte
+        assert servers.plain.sent.wait(GUARD), "the transfer stopped with the loop"
+        status, body = await outcome(job)
+    assert (status, body) == ("HTTP/1.1 200 OK", size)
 
 
 def _egress_inside_a_sandbox(port: int) -> Any:

@@ -22,26 +22,27 @@ it is made; an allowed connection's bytes once more when it ends.
 Bounded against the job: a request head of at most 16 KiB that must arrive within
 ``HEAD_TIMEOUT`` seconds (a slow-loris is cut), at most ``max_connections`` open at once (the
 next is closed at once), ``max_bytes`` moved in all (a transfer under way is cut), and a connect
-deadline upstream. Nothing here blocks the loop: relaying is protocol callbacks with flow
-control (a side is read only as fast as the other takes it), and all the connections of all the
-jobs on one loop share a budget of 1 ms of relaying per turn of the loop (``_Pacer``).
+deadline upstream. The loop only reads request heads and decides: once a connection is allowed
+and its upstream reached, both sockets go to the relay thread (``_splice``), which moves their
+bytes in the kernel with ``splice(2)`` (a side is read only as fast as the other takes it) and
+tells the loop once, when the connection ended.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
+import os
 import socket
 import struct
-import time
-import weakref
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
 from .._sandbox._egress import Egress, EgressRules, Target, parse_target
+from . import _splice
 
 __all__ = ["HEAD_TIMEOUT", "EgressLog", "EgressProxy"]
 
@@ -53,10 +54,8 @@ HEAD_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 #: longest request head (request line and headers, or a SOCKS5 request)
 MAX_HEAD = 16 * 1024
-#: a side's buffered writes beyond which the other side stops being read
-_HIGH_WATER = 256 * 1024
-#: what one read from an upstream host takes at most
-_READ_SIZE = 64 * 1024
+#: what a client may send after its request head, before its tunnel opens
+_EARLY = 256 * 1024
 
 #: decisions a job's log keeps (the counts cover them all)
 MAX_KEPT = 256
@@ -98,79 +97,6 @@ class EgressLog:
                 log.exception("an egress listener raised; ignored")
 
 
-class _Gate:
-    """Whether one side of a connection is read.
-
-    Paused while the other side's writes are backed up (``full``), or while this turn of the
-    loop spent its relay budget (``paced``); read again once neither holds.
-    """
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.full = False
-        self.paced = False
-        self._reading = True
-
-    def update(self, *, full: bool | None = None, paced: bool | None = None) -> None:
-        if full is not None:
-            self.full = full
-        if paced is not None:
-            self.paced = paced
-        wanted = not (self.full or self.paced)
-        transport = self.transport
-        if wanted == self._reading or transport is None or transport.is_closing():
-            return
-        self._reading = wanted
-        with contextlib.suppress(RuntimeError):  # closed meanwhile
-            if wanted:
-                transport.resume_reading()
-            else:
-                transport.pause_reading()
-
-
-class _Pacer:
-    """The relay's share of one turn of the event loop: at most ``BUDGET`` seconds.
-
-    Every connection of every job's proxy on the loop shares it: once a turn spent it, the side
-    that was just read waits for the next turn (its reading resumes then), so however many jobs
-    transfer at once, the loop's other callbacks wait at most about a budget per turn.
-    """
-
-    BUDGET = 0.001
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.began: float | None = None
-        self.waiting: list[_Gate] = []
-
-    def spent(self, gate: _Gate) -> None:
-        """After relaying what ``gate``'s side gave: let it wait for the next turn if due."""
-        now = time.perf_counter()
-        if self.began is None:
-            self.began = now
-            self.loop.call_soon(self._turn)  # runs first in the next turn
-        elif now - self.began >= self.BUDGET:
-            gate.update(paced=True)
-            self.waiting.append(gate)
-
-    def _turn(self) -> None:
-        self.began = None
-        waiting, self.waiting = self.waiting, []
-        for gate in waiting:
-            gate.update(paced=False)
-
-
-_PACERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pacer] = weakref.WeakKeyDictionary()
-
-
-def _pacer() -> _Pacer:
-    loop = asyncio.get_running_loop()
-    pacer = _PACERS.get(loop)
-    if pacer is None:
-        pacer = _PACERS[loop] = _Pacer(loop)
-    return pacer
-
-
 class EgressProxy:
     """Serves one job's connections from the listening socket its worker handed over.
 
@@ -185,6 +111,7 @@ class EgressProxy:
         self.bytes = 0
         self.open: set[_Client] = set()
         self.closed = False
+        self._lock = threading.Lock()
         self._server: asyncio.AbstractServer | None = None
         self._starting: asyncio.Task[None] | None = None
 
@@ -217,13 +144,17 @@ class EgressProxy:
         self.open.add(client)
         return True
 
-    def moved(self, count: int) -> int:
-        """How many of ``count`` bytes may still move (``max_bytes``); counts those."""
+    def take(self, count: int) -> int:
+        """How many of ``count`` bytes may still move (``max_bytes``); counts those.
+
+        Thread-safe: the relay thread calls it for every move (``_splice.Budget``).
+        """
         limit = self.egress.max_bytes
-        if limit is not None:
-            count = max(0, min(count, limit - self.bytes))
-        self.bytes += count
-        self.log.bytes = self.bytes
+        with self._lock:
+            if limit is not None:
+                count = max(0, min(count, limit - self.bytes))
+            self.bytes += count
+            self.log.bytes = self.bytes
         return count
 
     def decide(self, host: str, port: int, allowed: bool, reason: str, count: int) -> None:
@@ -238,15 +169,12 @@ class _Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.head = bytearray()
         self.stage = "head"  # head -> deciding -> relay -> done
-        self.upstream: _Upstream | None = None
         self.target: Target | None = None
         self.host, self.port = "?", 0
         self.count = 0
         self.timer: asyncio.TimerHandle | None = None
         self.forward = b""  # what goes upstream first (a plain HTTP request's rewritten head)
-        #: whether the job's side is read, and the upstream side
-        self.gate = _Gate()
-        self.pacer = _pacer()
+        self.pair: _splice.Pair | None = None  # once relayed
         self.socks = False
         self.greeted = False  # a SOCKS5 client was told 'no authentication'
 
@@ -262,40 +190,25 @@ class _Client(asyncio.Protocol):
             transport.abort()
             self.stage = "done"
             return
-        transport.set_write_buffer_limits(_HIGH_WATER)
-        self.gate.transport = transport
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(HEAD_TIMEOUT, self._too_slow)
 
     def data_received(self, data: bytes) -> None:
-        if self.stage == "relay":
-            self._relay_up(data)
-        elif self.stage == "head":
+        if self.stage == "head":
             self.head += data
             self._parse()
         # while deciding, more data may arrive (a client that does not wait for 200): kept
         elif self.stage == "deciding":
             self.head += data
-            if len(self.head) > MAX_HEAD + _HIGH_WATER:
+            if len(self.head) > MAX_HEAD + _EARLY:
                 self._deny("the client sent too much before the tunnel opened", 400)
 
     def eof_received(self) -> bool | None:
-        if self.stage == "relay" and self.upstream is not None:
-            self.upstream.write_eof()
-            return True  # keep the other direction open
-        self.abort()
+        self.abort()  # before its request was served
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end()
-
-    def pause_writing(self) -> None:
-        if self.upstream is not None:
-            self.upstream.gate.update(full=True)
-
-    def resume_writing(self) -> None:
-        if self.upstream is not None:
-            self.upstream.gate.update(full=False)
 
     # -- parsing the request ------------------------------------------------------------------
 
@@ -418,7 +331,7 @@ class _Client(asyncio.Protocol):
             return
         version, command, _reserved, kind = request[:4]
         if version != 5 or command != 1:
-            self._socks_reply(7)
+            self._write(_socks_reply(7))
             self._deny(f"SOCKS5 command {command} (only CONNECT is served)", None)
             return
         try:
@@ -437,12 +350,12 @@ class _Client(asyncio.Protocol):
                 host = request[5 : 5 + size].decode("ascii")
                 port_bytes = request[5 + size : 7 + size]
             else:
-                self._socks_reply(8)
+                self._write(_socks_reply(8))
                 self._deny(f"SOCKS5 address type {kind}", None)
                 return
             target = parse_target(host, struct.unpack("!H", port_bytes)[0])
         except (ValueError, UnicodeError) as exc:
-            self._socks_reply(1)
+            self._write(_socks_reply(1))
             self._deny(f"SOCKS5: {exc}", None)
             return
         self.head = bytearray()
@@ -464,6 +377,7 @@ class _Client(asyncio.Protocol):
 
     async def _open(self, target: Target) -> None:
         loop = asyncio.get_running_loop()
+        upstream: socket.socket | None = None
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 addresses = await self._addresses(target)
@@ -477,13 +391,19 @@ class _Client(asyncio.Protocol):
                     return
                 error: OSError | None = None
                 for address in addresses:
+                    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+                    sock = socket.socket(family, socket.SOCK_STREAM)
+                    sock.setblocking(False)
                     try:
-                        _transport, upstream = await loop.create_connection(
-                            lambda: _Upstream(self), str(address), target.port
-                        )
+                        await loop.sock_connect(sock, (str(address), target.port))
                     except OSError as exc:
+                        sock.close()
                         error = exc
                         continue
+                    except BaseException:
+                        sock.close()
+                        raise
+                    upstream = sock
                     break
                 else:
                     raise error or OSError("no address to connect to")
@@ -492,18 +412,67 @@ class _Client(asyncio.Protocol):
             self._deny(f"could not reach {target.host}:{target.port}: {reason}", 502, target)
             return
         if self.stage != "deciding":  # the job closed meanwhile
-            upstream.abort()
+            upstream.close()
             return
-        self.upstream = upstream
-        self.stage = "relay"
+        self._relay(target, upstream)
+
+    def _relay(self, target: Target, upstream: socket.socket) -> None:
+        """Hand the job's connection and ``upstream`` to the relay thread (``_splice``)."""
+        transport = self.transport
+        assert transport is not None
+        if transport.is_closing():
+            upstream.close()
+            return
+        if transport.get_write_buffer_size():
+            upstream.close()  # it never read the 2-byte SOCKS greeting: it reads nothing
+            self._deny("the client does not read what the proxy sends", 400, target)
+            return
+        try:
+            client = os.dup(transport.get_extra_info("socket").fileno())
+        except OSError as exc:  # out of descriptors
+            upstream.close()
+            self._deny(f"the parent could not relay: {exc.strerror or exc}", 502, target)
+            return
         self.proxy.decide(target.host, target.port, True, "allowed", 0)
-        if self.socks:
-            self._socks_reply(0)
-        elif not self.forward:
-            self._write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         first, self.head = self.forward + bytes(self.head), bytearray()
-        if first:
-            self._relay_up(first)
+        allowed = self._count(len(first))
+        if allowed < len(first):
+            os.close(client)
+            upstream.close()
+            self._cut()
+            return
+        if self.socks:
+            reply = _socks_reply(0)
+        else:
+            reply = b"" if self.forward else b"HTTP/1.1 200 Connection established\r\n\r\n"
+        self.stage = "relay"
+        loop = asyncio.get_running_loop()
+        self.pair = pair = _splice.Pair(
+            client, upstream.detach(), self.proxy, loop, self._relayed, first, reply
+        )
+        # the loop lets go of the job's socket: the connection lives on in ``client``
+        transport.abort()
+        try:
+            _splice.splicer.add(pair)  # closes the pair's sockets when it fails
+        except (RuntimeError, OSError) as exc:  # no thread (at exit), no descriptor for a pipe
+            self.pair = None
+            self.stage = "done"
+            self.proxy.open.discard(self)
+            reason = f"the parent could not relay: {exc}"
+            self.proxy.decide(self.host, self.port, False, reason, self.count)
+
+    def _relayed(self, count: int, cut: bool) -> None:
+        """The relay thread ended this connection, having moved ``count`` bytes."""
+        self.pair = None
+        self.count += count
+        self.stage = "done"
+        self.proxy.open.discard(self)
+        if cut:
+            limit = self.proxy.egress.max_bytes
+            reason = f"the task moved more than max_bytes={limit}"
+            self.proxy.decide(self.host, self.port, False, reason, self.count)
+        else:
+            self.proxy.decide(self.host, self.port, True, "closed", self.count)
 
     async def _addresses(self, target: Target) -> list[Any]:
         rules = self.proxy.rules
@@ -540,7 +509,7 @@ class _Client(asyncio.Protocol):
                 + body
             )
         elif self.socks and status is not None:
-            self._socks_reply(2 if status == 403 else 4 if status == 502 else 1)
+            self._write(_socks_reply(2 if status == 403 else 4 if status == 502 else 1))
         if self.transport is not None:
             self.transport.close()  # after what was written
 
@@ -549,129 +518,44 @@ class _Client(asyncio.Protocol):
         if self.stage == "head":
             self._deny(f"no whole request within {HEAD_TIMEOUT:g} seconds", 408)
 
-    # -- relaying ------------------------------------------------------------------------------
-
-    def _relay_up(self, data: bytes) -> None:
-        allowed = self._count(len(data))
-        if self.upstream is not None and allowed:
-            self.upstream.write(data if allowed == len(data) else data[:allowed])
-        if allowed < len(data):
-            self._cut()
-        else:
-            self.pacer.spent(self.gate)
-
-    def relay_down(self, data: memoryview) -> bool:
-        """Write ``data`` to the job; whether its transport kept it (queued, not copied)."""
-        allowed = self._count(len(data))
-        kept = False
-        transport = self.transport
-        if transport is not None and allowed:
-            transport.write(data if allowed == len(data) else data[:allowed])
-            kept = transport.get_write_buffer_size() > 0
-        if allowed < len(data):
-            self._cut()
-        elif self.upstream is not None:
-            self.pacer.spent(self.upstream.gate)
-        return kept
+    # -- ending --------------------------------------------------------------------------------
 
     def _count(self, size: int) -> int:
-        allowed = self.proxy.moved(size)
+        allowed = self.proxy.take(size)
         self.count += allowed
         return allowed
 
     def _cut(self) -> None:
-        """The task reached ``max_bytes``: this connection ends at once (both sides)."""
-        if self.stage == "cut":
-            return
+        """The task reached ``max_bytes`` before this connection was relayed: it ends."""
         limit = self.proxy.egress.max_bytes
         self.proxy.decide(
             self.host, self.port, False, f"the task moved more than max_bytes={limit}", self.count
         )
-        self.stage = "cut"
+        self.stage = "done"
         self.abort()
-
-    # -- ending --------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def _socks_reply(self, code: int) -> None:
-        self._write(bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0]))
-
     def abort(self) -> None:
-        if self.transport is not None:
+        if self.pair is not None:
+            _splice.splicer.drop(self.pair)  # its end comes back through ``_relayed``
+        elif self.transport is not None:
             self.transport.abort()
-        if self.upstream is not None:
-            self.upstream.abort()
-
-    def upstream_lost(self) -> None:
-        if self.transport is not None:
-            self.transport.close()  # after what is buffered for the job
 
     def _end(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.upstream is not None:
-            self.upstream.abort()
-        if self in self.proxy.open:
-            self.proxy.open.discard(self)
-            if self.stage == "relay":
-                self.proxy.decide(self.host, self.port, True, "closed", self.count)
+        if self.stage == "relay":
+            return  # the relay thread has the connection now
+        self.proxy.open.discard(self)
         self.stage = "done"
 
 
-class _Upstream(asyncio.BufferedProtocol):
-    """The proxy's connection to the host a job's request was allowed to reach.
-
-    Read into a buffer of its own (no object per read: downloads are what a proxy mostly
-    carries); a buffer the job's transport kept (a write it could not finish at once: uvloop
-    keeps the object rather than a copy) is given up and a new one made.
-    """
-
-    def __init__(self, client: _Client) -> None:
-        self.client = client
-        self.transport: asyncio.Transport | None = None
-        self.gate = _Gate()
-        self._view = memoryview(bytearray(_READ_SIZE))
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)
-        transport.set_write_buffer_limits(_HIGH_WATER)
-        self.gate.transport = transport
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self.client.relay_down(self._view[:nbytes]):
-            self._view = memoryview(bytearray(_READ_SIZE))  # the old one is the job's now
-
-    def eof_received(self) -> bool | None:
-        return None  # closes this side; connection_lost ends the job's side once it drained
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.client.upstream_lost()
-
-    def pause_writing(self) -> None:
-        self.client.gate.update(full=True)
-
-    def resume_writing(self) -> None:
-        self.client.gate.update(full=False)
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def write_eof(self) -> None:
-        if self.transport is not None and self.transport.can_write_eof():
-            with contextlib.suppress(OSError, RuntimeError):
-                self.transport.write_eof()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+def _socks_reply(code: int) -> bytes:
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
 def _authority(text: str, default: int | None) -> tuple[str, int]:
