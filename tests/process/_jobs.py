@@ -259,3 +259,25 @@ def signal_then_sleep(path: str, seconds: float, value: Any) -> Any:
         stream.write("running\n")
     time.sleep(seconds)
     return value
+
+
+def exit_leaving_a_heavy_child(megabytes: int) -> None:
+    """Start a child that holds ``megabytes`` of touched memory (its exit, once killed, takes
+    a while: the kernel frees every page first), say its pid, and exit at once."""
+    import mmap
+
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        heavy = mmap.mmap(-1, megabytes << 20)
+        chunk = b"x" * (1 << 20)
+        for _ in range(megabytes):
+            heavy.write(chunk)  # every page touched
+        os.write(ready_w, b"1")
+        while True:
+            time.sleep(60)
+    os.close(ready_w)
+    os.read(ready_r, 1)
+    emit(pid)
+    os._exit(0)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,7 +34,8 @@ from zett_agent.process import (
     ProtocolError,
     WorkerCrashed,
 )
-from zett_agent.process._containment import _cgroup
+from zett_agent.process._containment import _cgroup, _cgroup_containment
+from zett_agent.process._containment._cgroup_containment import CgroupContainment
 from zett_agent.process._host._pool import engine_of
 
 from . import _attacks, _jobs
@@ -342,6 +344,54 @@ def _present(cgroup: str) -> bool:
     return os.path.isdir(cgroup)  # (cgroupfs lives in memory: nothing to block on)
 
 
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="needs cgroup containment")
+async def test_a_tree_emptied_after_its_worker_is_seen_dead_without_inotify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel sends a cgroup's ``cgroup.events`` notifications at most every 20 ms. A worker
+    exits leaving a child whose own exit, once killed, takes a while (512 MiB to free): with
+    inotify silenced here, the tree is still seen dead, from the pidfds of what was left."""
+    monkeypatch.setattr(CgroupContainment, "_on_inotify", lambda self: None)
+    async with ProcessPool(1, containment="cgroup") as pool:
+        job = pool.submit(_jobs.exit_leaving_a_heavy_child, 512)
+        child = await first_event(job)
+        async with asyncio.timeout(GUARD):
+            await job.wait()
+            await job.wait_gone()
+        assert isinstance(job.exception(), WorkerCrashed)
+        assert not alive(child)
+
+
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="needs cgroup containment")
+async def test_the_loop_never_takes_the_cgroup_mutex_to_kill_or_remove(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Writing ``cgroup.kill`` and removing a worker's cgroup take the kernel's cgroup mutex,
+    which other cgroups' creation and removal may hold for milliseconds: neither is done on
+    the event loop's thread."""
+    calls: list[tuple[str, int]] = []
+    kill, remove = _cgroup.kill, _cgroup_containment._remove_worker_cgroup
+
+    def killing(cgroup: str) -> bool:
+        calls.append(("kill", threading.get_ident()))
+        return kill(cgroup)
+
+    def removing(cgroup: str, stop: Any) -> None:
+        calls.append(("remove", threading.get_ident()))
+        remove(cgroup, stop)
+
+    monkeypatch.setattr(_cgroup, "kill", killing)
+    monkeypatch.setattr(_cgroup_containment, "_remove_worker_cgroup", removing)
+    loop_thread = threading.get_ident()
+    async with ProcessPool(2, containment="cgroup") as pool:
+        job = pool.submit(_jobs.spawn_tree)
+        await first_event(job)
+        await job.cancel()  # returns once the tree is gone
+        assert await pool.submit(_jobs.add, 1, 2) == 3
+    assert {what for what, _ in calls} == {"kill", "remove"}
+    assert all(thread != loop_thread for _, thread in calls), calls
+
+
 @pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="no cgroup containment here")
 async def test_looking_whether_cgroups_work_leaves_nothing() -> None:
     host, _ = _cgroup._base()
@@ -461,8 +511,6 @@ async def test_tree_wide_limits_need_their_controller(containment: str) -> None:
 async def test_cgroup_containment_that_cannot_work_fails_start_saying_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zett_agent.process._containment import _cgroup
-
     monkeypatch.setattr(_cgroup, "cgroup_problem", lambda: "no cgroup v2 here")
     pool = ProcessPool(1, containment="cgroup")
     with pytest.raises(ProcessError, match="no cgroup v2 here"):

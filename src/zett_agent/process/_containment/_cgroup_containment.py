@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from .._janitor import Janitor
 from .._limits import ProcessLimits
@@ -21,6 +23,11 @@ from . import _cgroup
 from ._strategy import _PROBE, Containment, Tree
 
 __all__ = ["CgroupContainment"]
+
+log = logging.getLogger("zett_agent.process")
+
+#: killed processes still in a cgroup whose exits are awaited by pidfd (more: inotify alone)
+_MEMBERS = 16
 
 
 class CgroupContainment(Containment):
@@ -35,9 +42,14 @@ class CgroupContainment(Containment):
         #: what to call once a lost launcher's workers are all dead, and the watch for that
         self._lost: list[Callable[[], None]] = []
         self._lost_wd: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop, janitor: Janitor) -> None:
         super().open(loop, janitor)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="zett-agent-kill")
+        # the kill thread starts now, not at the first kill: a kill never needs a new thread
+        # (at interpreter exit none may start, and a host at its process limit has none to give)
+        self._executor.submit(int)
         self._pool = _cgroup.PoolCgroup.create()
         self.tree_limits = frozenset(
             name
@@ -86,12 +98,50 @@ class CgroupContainment(Containment):
                 _cgroup.write(f"{tree.cgroup}/memory.oom.group", "1")
 
     def kill(self, trees: Iterable[Tree]) -> None:
+        """Kill the trees: each worker at once, through its pidfd; the rest in the kill thread.
+
+        A write to ``cgroup.kill`` takes the kernel's cgroup mutex, which it may hold for
+        milliseconds while other cgroups are made or removed (measured: up to 11 ms): the loop
+        must not wait for it. So the loop signals the worker itself (no lock), and the kill
+        thread writes ``cgroup.kill``, which nothing in the tree escapes.
+        """
+        batch = []
         for tree in trees:
-            if tree.dead:
+            if tree.dead or tree.killing:
                 continue
             tree.killing = True
             assert tree.cgroup is not None
-            if not _cgroup.kill(tree.cgroup):
+            if tree.pidfd >= 0 and not tree.exited:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(tree.pidfd, signal.SIGKILL)
+            batch.append((tree, tree.cgroup))
+        if not batch:
+            return
+        assert self._executor is not None
+        try:
+            self._executor.submit(self._kill_batch, batch)
+        except RuntimeError:  # the interpreter is exiting and the thread is gone: kill here
+            self._kill_batch(batch)
+
+    def _kill_batch(self, batch: list[tuple[Tree, str]]) -> None:
+        """In the kill thread (or, at interpreter exit, the loop's)."""
+        results = []
+        for tree, cgroup in batch:
+            try:
+                found = _cgroup.kill(cgroup)
+            except OSError as exc:  # the tree is watched all the same: it may die yet
+                log.warning("could not kill the cgroup %s: %s", cgroup, exc)
+                found = True
+            results.append((tree, found))
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._killed, results)
+
+    def _killed(self, results: list[tuple[Tree, bool]]) -> None:
+        for tree, found in results:
+            if tree.dead:
+                continue
+            if not found:
                 self._dead(tree)  # already removed: empty
             elif tree.exited:
                 self._watch(tree)
@@ -100,7 +150,12 @@ class CgroupContainment(Containment):
             # removing one costs the loop several hundred microseconds)
 
     def _watch(self, tree: Tree) -> None:
-        """Dead now if the cgroup is empty; else when inotify says it emptied."""
+        """Dead now if the cgroup is empty; else when it empties.
+
+        Told by inotify; and, since the kernel sends a cgroup file's notifications at most
+        every 20 ms (``cgroup_file_notify``), also by the pidfds of the few killed processes
+        still in it: the cgroup is looked at again once they all exited, without that delay.
+        """
         assert self._inotify is not None and tree.cgroup is not None
         if not _cgroup.populated(tree.cgroup):
             self._unwatch(tree)
@@ -117,12 +172,52 @@ class CgroupContainment(Containment):
         if not _cgroup.populated(tree.cgroup):
             self._unwatch(tree)
             self._dead(tree)
+        elif not tree.members:
+            self._await_members(tree)
+
+    def _await_members(self, tree: Tree) -> None:
+        """Look at the cgroup again once the processes now in it exited.
+
+        At most ``_MEMBERS`` of them; more, or processes in cgroups below it, are left to
+        inotify.
+        """
+        assert self._loop is not None and tree.cgroup is not None
+        try:
+            pids = _cgroup.read(f"{tree.cgroup}/cgroup.procs").split()
+        except OSError:
+            return
+        if len(pids) > _MEMBERS:
+            return
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(int(pid))
+            except (OSError, ValueError):
+                continue  # gone already (or no descriptor left: inotify still tells)
+            tree.members.append(fd)
+            self._loop.add_reader(fd, self._member_exited, tree, fd)
+
+    def _member_exited(self, tree: Tree, fd: int) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        tree.members.remove(fd)
+        if tree.members or tree.dead or tree.cgroup is None:
+            return  # others to wait for, or settled meanwhile
+        if not _cgroup.populated(tree.cgroup):
+            self._unwatch(tree)
+            self._dead(tree)
 
     def _unwatch(self, tree: Tree) -> None:
         if tree.wd is not None and self._inotify is not None:
             self._watched.pop(tree.wd, None)
             self._inotify.rm_watch(tree.wd)
             tree.wd = None
+        if tree.members:
+            assert self._loop is not None
+            for fd in tree.members:
+                self._loop.remove_reader(fd)
+                os.close(fd)
+            tree.members.clear()
 
     def _on_inotify(self) -> None:
         assert self._inotify is not None
@@ -215,18 +310,19 @@ class CgroupContainment(Containment):
                 os.close(fd)  # before the cgroup is removed
         tree.threads_fd = tree.stat_fd = -1
         if tree.dead and tree.cgroup is not None:
-            # removed here, not by the launcher: the host watches it until it is empty. One
-            # rmdir in the common case; what the job built below it is removed off the loop
-            try:
-                os.rmdir(tree.cgroup)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                assert self._janitor is not None
-                self._janitor.defer(_cgroup.remove_tree, tree.cgroup, self._janitor.stopping.is_set)
+            # removed by the host, not by the launcher: the host watches it until it is empty.
+            # Off the loop: an rmdir takes the kernel's cgroup mutex, which may be held for
+            # milliseconds (by a kill, by cgroups being made)
+            assert self._janitor is not None
+            self._janitor.defer(_remove_worker_cgroup, tree.cgroup, self._janitor.stopping.is_set)
         super().forget(tree)
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        for tree in list(self._watched.values()):
+            self._unwatch(tree)
         if self._inotify is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._inotify.fd)
@@ -242,6 +338,16 @@ class CgroupContainment(Containment):
 #: how long the removal of dead hosts' pools retries: their killed processes take milliseconds to
 #: exit, one stuck in the kernel longer; what is left then stays for the next pool
 _STALE_RETRY = 2.0
+
+
+def _remove_worker_cgroup(cgroup: str, stop: Callable[[], bool]) -> None:
+    """One rmdir in the common case; what the job built below it, one cgroup after another."""
+    try:
+        os.rmdir(cgroup)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        _cgroup.remove_tree(cgroup, stop)
 
 
 def _remove_stale(paths: list[str], stop: Callable[[], bool]) -> None:

@@ -45,6 +45,8 @@ class Tree:
     cgroup: str | None = None
     #: inotify watch on its cgroup.events while a death is awaited
     wd: int | None = None
+    #: pidfds of the processes left in its cgroup while a death is awaited (cgroup containment)
+    members: list[int] = field(default_factory=list)
     killing: bool = False
     dead: bool = False
     #: the worker process itself exited (its pidfd became readable)
