@@ -62,3 +62,13 @@ def emit_amplified(items: int, count: int) -> str:
     for _ in range(count):
         emit([{}] * items)
     return "emitted"
+
+
+def spin_with_sleepers() -> None:
+    """Spin with two ``sleep`` grandchildren; emit every pid first (the worker's, then theirs)."""
+    import subprocess
+
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    emit([os.getpid(), *(child.pid for child in sleepers)])
+    while True:
+        pass

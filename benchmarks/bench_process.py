@@ -78,6 +78,7 @@ from _bench_jobs import (  # noqa: E402
     noop,
     spin_emit,
     spin_report,
+    spin_with_sleepers,
     streamer,
     wait_forever,
 )
@@ -569,6 +570,54 @@ async def _sandboxed(n: int, containment: str) -> dict[str, list[float]]:
     return out
 
 
+async def _cancel_beside(sibling: str, rounds: int, containment: str) -> list[float]:
+    """Cancel a spinning job with two ``sleep`` grandchildren, ``rounds`` times, while
+    ``sibling`` ("none", "sleeping", "spinning") runs in another worker of the same pool:
+    seconds from the cancel call until the worker and both grandchildren are gone (their
+    pidfds readable)."""
+    out = []
+    async with ProcessPool(3, preload=JOBS, containment=containment) as pool:
+        for _ in range(5):
+            await pool.submit(noop)
+        other = None
+        if sibling != "none":
+            other = pool.submit(wait_forever if sibling == "sleeping" else spin_emit)
+            await anext(other.events())
+        for _ in range(rounds):
+            job = pool.submit(spin_with_sleepers)
+            pids = await anext(job.events())
+            fds = [os.pidfd_open(pid) for pid in pids]
+            t = time.perf_counter()
+            await job.cancel()
+            for fd in fds:
+                ready, _, _ = select.select([fd], [], [], 5)
+                os.close(fd)
+                if not ready:
+                    raise TimeoutError("a cancelled job's process is still alive")
+            out.append(time.perf_counter() - t)
+            await pool.submit(noop)
+        if other is not None:
+            await other.cancel()
+    return out
+
+
+def siblings_table(quick: bool) -> None:
+    rounds = 40 if quick else 200
+    print(
+        f"\ncancel -> the whole tree gone (a spinning job, two sleeping grandchildren), "
+        f"{rounds} rounds each, {os.cpu_count()} CPUs"
+    )
+    print(f"  {'containment':<12}{'sibling':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
+    for containment in ("cgroup", "scan"):
+        for sibling in ("none", "sleeping", "spinning"):
+            got = asyncio.run(_cancel_beside(sibling, rounds, containment))
+            print(
+                f"  {containment:<12}{sibling:<12}{ms(pct(got, 0.5)):>10}{ms(pct(got, 0.9)):>10}"
+                f"{ms(pct(got, 0.99)):>10}{ms(max(got)):>10}"
+            )
+    print("  target (issue 34): p99 <= 5 ms whatever else the pool runs")
+
+
 def sandbox_table(quick: bool) -> None:
     n = 50 if quick else 300
     print(f"\nwhat a Sandbox adds to one no-op job (ms), {n} of each, {os.cpu_count()} CPUs")
@@ -728,7 +777,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,300,1000", help="children for --scale")
     parser.add_argument("--amplify", action="store_true", help="only the amplification case")
     parser.add_argument("--sandbox", action="store_true", help="only what a Sandbox adds")
+    parser.add_argument(
+        "--siblings", action="store_true", help="only cancel -> gone beside other jobs"
+    )
     args = parser.parse_args()
+    if args.siblings:
+        siblings_table(args.quick)
+        return
     if args.sandbox:
         sandbox_table(args.quick)
         return

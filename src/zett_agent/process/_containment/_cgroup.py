@@ -85,11 +85,16 @@ def bound(cgroup: str) -> None:
 
 
 def kill(cgroup: str) -> bool:
-    """SIGKILL every process in ``cgroup`` and its descendant cgroups; False if it is gone."""
+    """SIGKILL every process in ``cgroup`` and its descendant cgroups; False if it is gone.
+
+    Gone: no such file, or (``ENODEV``) removed between the file's opening and the write.
+    """
     try:
         write(f"{cgroup}/cgroup.kill", "1")
-    except FileNotFoundError:
-        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV):
+            return False
+        raise
     return True
 
 

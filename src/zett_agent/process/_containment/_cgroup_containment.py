@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .._janitor import Janitor
 from .._limits import ProcessLimits
 from .._linux import Inotify
-from . import _cgroup
+from . import _cgroup, _scan
 from ._strategy import _PROBE, Containment, Tree
 
 __all__ = ["CgroupContainment"]
@@ -102,7 +102,8 @@ class CgroupContainment(Containment):
 
         A write to ``cgroup.kill`` takes the kernel's cgroup mutex, which it may hold for
         milliseconds while other cgroups are made or removed (measured: up to 11 ms): the loop
-        must not wait for it. So the loop signals the worker itself (no lock), and the kill
+        must not wait for it. So the loop signals the worker and its children itself (no lock:
+        the usual tree, a job and the few processes it started, dies at once), and the kill
         thread writes ``cgroup.kill``, which nothing in the tree escapes.
         """
         batch = []
@@ -112,8 +113,7 @@ class CgroupContainment(Containment):
             tree.killing = True
             assert tree.cgroup is not None
             if tree.pidfd >= 0 and not tree.exited:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(tree.pidfd, signal.SIGKILL)
+                _kill_worker_and_children(tree)
             batch.append((tree, tree.cgroup))
         if not batch:
             return
@@ -338,6 +338,51 @@ class CgroupContainment(Containment):
 #: how long the removal of dead hosts' pools retries: their killed processes take milliseconds to
 #: exit, one stuck in the kernel longer; what is left then stays for the next pool
 _STALE_RETRY = 2.0
+
+
+def _kill_worker_and_children(tree: Tree) -> None:
+    """SIGKILL the worker and its children now, without the cgroup mutex.
+
+    Best effort: the kill thread's ``cgroup.kill`` that follows is what nothing escapes. The
+    worker is stopped first (with a stop pending it can fork no more), its children are read
+    (at most ``_MEMBERS``), and each is signalled through a pidfd opened while its parent is
+    still the worker (so a pid the worker reaped and the system gave away is never hit).
+    """
+    try:
+        signal.pidfd_send_signal(tree.pidfd, signal.SIGSTOP)
+    except OSError:
+        return
+    children = _few_children(tree.pid)
+    if len(children) <= _MEMBERS:
+        for child in children:
+            try:
+                fd = os.pidfd_open(child)
+            except OSError:
+                continue
+            try:
+                found = _scan.state(child)
+                if found is not None and found[0] == tree.pid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(tree.pidfd, signal.SIGKILL)
+
+
+def _few_children(pid: int) -> set[int]:
+    """The children of ``pid`` if it has at most ``_MEMBERS`` threads (a few reads), else none.
+
+    A job's thousands of threads are not walked on the loop.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read(4096).rpartition(b")")[2].split()
+        threads = int(fields[17])
+    except (OSError, ValueError, IndexError):
+        return set()
+    return _scan.children(pid) if threads <= _MEMBERS else set()
 
 
 def _remove_worker_cgroup(cgroup: str, stop: Callable[[], bool]) -> None:
