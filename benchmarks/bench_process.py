@@ -4,6 +4,7 @@
     uv run --group bench python benchmarks/bench_process.py --scale [--sizes 100,300,1000]
     uv run --group bench python benchmarks/bench_process.py --amplify
     uv run --group bench python benchmarks/bench_process.py --sandbox [--quick]
+    uv run --group bench python benchmarks/bench_process.py --siblings [--quick]
 
 Prints one table per measurement with the ratio of every engine to ours (for times: peer / ours,
 so > 1 means we are faster; for rates: ours / peer). Peers: stdlib ``ProcessPoolExecutor``,
@@ -36,6 +37,10 @@ running, and unique memory per running child, for each containment strategy.
 ``--sandbox`` measures what a ``Sandbox`` adds to one job: the round trip of a no-op job on a
 fresh worker (a spare waiting for it), sandboxed and not, alternating, under each containment
 strategy, and how long confining itself took in the worker (the report's ``seconds``).
+
+``--siblings`` measures cancel -> the whole tree gone (a spinning job with two sleeping
+grandchildren) while another job of the pool sleeps, spins, or none runs, under each
+containment strategy.
 
 ``--amplify`` replays the red team's amplification: a 60 MB JSON result that decodes into
 ~1.5 GiB, and four unread events of 20 MiB of such JSON; it prints the parent's RSS growth and
