@@ -87,3 +87,32 @@ class AgentMessage:
 
 
 Message: TypeAlias = UserMessage | AssistantMessage | ToolMessage | AgentMessage
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """``message`` as JSON data: the one form the brokered model calls and the task journal carry.
+
+    Raises ``TypeError`` for an object that is none of the four messages.
+    """
+    if isinstance(message, UserMessage):
+        return {"role": "user", "content": message.content}
+    if isinstance(message, AssistantMessage):
+        return {
+            "role": "assistant",
+            "content": message.content,
+            "tool_calls": [
+                {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
+                for call in message.tool_calls
+            ],
+        }
+    if isinstance(message, ToolMessage):
+        return {
+            "role": "tool",
+            "call_id": message.call_id,
+            "name": message.name,
+            "text": message.text,
+            "status": message.status.value,
+        }
+    if isinstance(message, AgentMessage):
+        return {"role": "agent", "content": message.content, "source": message.source}
+    raise TypeError(f"a {type(message).__name__} is no conversation message: it has no JSON form")

@@ -42,6 +42,7 @@ from zett_agent._messages import (
     ToolMessage,
     ToolStatus,
     UserMessage,
+    message_json,
 )
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "Conversation",
     "Entry",
     "decode_entry",
-    "encode_message",
     "entry_text",
     "history",
     "message_entry",
@@ -104,35 +104,9 @@ class Conversation:
 # -- the child's side ----------------------------------------------------------------------------
 
 
-def encode_message(message: Message) -> dict[str, Any]:
-    """``message`` as its JSON form."""
-    if isinstance(message, UserMessage):
-        return {"role": "user", "content": message.content}
-    if isinstance(message, AssistantMessage):
-        return {
-            "role": "assistant",
-            "content": message.content,
-            "tool_calls": [
-                {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
-                for call in message.tool_calls
-            ],
-        }
-    if isinstance(message, ToolMessage):
-        return {
-            "role": "tool",
-            "call_id": message.call_id,
-            "name": message.name,
-            "text": message.text,
-            "status": message.status.value,
-        }
-    if isinstance(message, AgentMessage):
-        return {"role": "agent", "content": message.content, "source": message.source}
-    raise TypeError(f"a journal cannot hold a {type(message).__name__}")
-
-
 def message_entry(message: Message, *, input: bool = False) -> dict[str, Any]:
     """The entry of one message (``input``: it started a request)."""
-    entry: dict[str, Any] = {"m": encode_message(message)}
+    entry: dict[str, Any] = {"m": message_json(message)}
     if input:
         entry["input"] = True
     return entry
@@ -140,7 +114,7 @@ def message_entry(message: Message, *, input: bool = False) -> dict[str, Any]:
 
 def snapshot_entry(messages: Iterable[Message]) -> dict[str, Any]:
     """The entry of a whole conversation, after the child replaced its messages."""
-    return {"snapshot": [encode_message(m) for m in messages]}
+    return {"snapshot": [message_json(m) for m in messages]}
 
 
 # -- the parent's side: checked both ways ----------------------------------------------------------

@@ -35,6 +35,7 @@ from zett_agent._messages import (
     ToolMessage,
     ToolStatus,
     UserMessage,
+    message_json,
 )
 from zett_agent._model import (
     ModelError,
@@ -84,42 +85,13 @@ class BadRequest(ValueError):
 def encode_request(request: ModelRequest) -> dict[str, Any]:
     """``request`` as JSON data (tools as shells: name, description, schema)."""
     return {
-        "messages": [_encode_message(message) for message in request.messages],
+        "messages": [message_json(message) for message in request.messages],
         "tools": [
             {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
             for t in request.tools
         ],
         "system_prompt": request.system_prompt,
         "metadata": dict(request.metadata),
-    }
-
-
-def _encode_message(message: Message) -> dict[str, Any]:
-    if isinstance(message, UserMessage):
-        return {"role": "user", "content": message.content}
-    if isinstance(message, AssistantMessage):
-        return _encode_assistant(message)
-    if isinstance(message, ToolMessage):
-        return {
-            "role": "tool",
-            "call_id": message.call_id,
-            "name": message.name,
-            "text": message.text,
-            "status": message.status.value,
-        }
-    if isinstance(message, AgentMessage):
-        return {"role": "agent", "content": message.content, "source": message.source}
-    raise TypeError(f"a model request cannot carry a {type(message).__name__}")
-
-
-def _encode_assistant(message: AssistantMessage) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": message.content,
-        "tool_calls": [
-            {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
-            for call in message.tool_calls
-        ],
     }
 
 
@@ -159,7 +131,7 @@ def encode_event(call_id: int, event: ModelEvent) -> dict[str, Any]:
     return {
         "id": call_id,
         "done": {
-            "message": _encode_assistant(response.message),
+            "message": message_json(response.message),
             "usage": None
             if usage is None
             else [
