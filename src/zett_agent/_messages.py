@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
@@ -116,3 +116,19 @@ def message_json(message: Message) -> dict[str, Any]:
     if isinstance(message, AgentMessage):
         return {"role": "agent", "content": message.content, "source": message.source}
     raise TypeError(f"a {type(message).__name__} is no conversation message: it has no JSON form")
+
+
+def skip_unanswered_calls(messages: MutableSequence[Message], text: str) -> None:
+    """Answer, as skipped with ``text``, every unanswered call of the last assistant message.
+
+    A conversation that ends in the middle of a turn would otherwise leave tool calls without
+    results, which providers reject on its next request.
+    """
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AssistantMessage):
+            answered = {m.call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+            for call in message.tool_calls:
+                if call.id not in answered:
+                    messages.append(ToolMessage(call.id, call.name, text, ToolStatus.SKIPPED))
+            return

@@ -18,7 +18,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zett_agent._events import ToolCalledEvent, ToolFinishedEvent
-from zett_agent._messages import AssistantMessage, ToolCall, ToolMessage, ToolStatus
+from zett_agent._messages import (
+    ToolCall,
+    ToolMessage,
+    ToolStatus,
+    skip_unanswered_calls,
+)
 from zett_agent._tool_args import ToolArgumentError
 from zett_agent._tools import (
     AgentTool,
@@ -198,12 +203,4 @@ def answer_dangling_calls(run: RunState, text: str) -> None:
     A request that ends in the middle of a turn would otherwise leave tool calls without
     results, which providers reject on the session's next request.
     """
-    messages = run.session.messages
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if isinstance(message, AssistantMessage):
-            answered = {m.call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
-            for call in message.tool_calls:
-                if call.id not in answered:
-                    messages.append(ToolMessage(call.id, call.name, text, ToolStatus.SKIPPED))
-            return
+    skip_unanswered_calls(run.session.messages, text)

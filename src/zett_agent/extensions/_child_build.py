@@ -26,8 +26,8 @@ from zett_agent._messages import (
     Message,
     ToolCall,
     ToolMessage,
-    ToolStatus,
     UserMessage,
+    skip_unanswered_calls,
 )
 from zett_agent._model import ModelEvent, ModelRequest, ModelResponse, RetryOptions, Usage
 from zett_agent._tools import AgentTool
@@ -168,17 +168,7 @@ class _Resume:
 
     def answer_ended_calls(self) -> None:
         """Answer, as skipped, the calls the task ended without (before a follow-up)."""
-        messages = self.messages
-        for index in range(len(messages) - 1, -1, -1):
-            message = messages[index]
-            if isinstance(message, AssistantMessage):
-                answered = {m.call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
-                for call in message.tool_calls:
-                    if call.id not in answered:
-                        messages.append(
-                            ToolMessage(call.id, call.name, ENDED_SKIP_TEXT, ToolStatus.SKIPPED)
-                        )
-                return
+        skip_unanswered_calls(self.messages, ENDED_SKIP_TEXT)
 
 
 def create_child(spec: ChildSpec, model: Model) -> Agent:
