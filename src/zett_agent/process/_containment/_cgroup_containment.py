@@ -28,6 +28,8 @@ log = logging.getLogger("zett_agent.process")
 
 #: killed processes still in a cgroup whose exits are awaited by pidfd (more: inotify alone)
 _MEMBERS = 16
+#: bytes read of one thread's ``children`` list: room for ``_MEMBERS`` pids and more
+_CHILDREN_READ = 512
 
 
 class CgroupContainment(Containment):
@@ -372,17 +374,26 @@ def _kill_worker_and_children(tree: Tree) -> None:
 
 
 def _few_children(pid: int) -> set[int]:
-    """The children of ``pid`` if it has at most ``_MEMBERS`` threads (a few reads), else none.
+    """The children of ``pid`` when it has at most ``_MEMBERS`` threads and children, else none.
 
-    A job's thousands of threads are not walked on the loop.
+    A few small reads: a job's thousands of threads or children are not walked on the loop
+    (``cgroup.kill`` gets them).
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read(4096).rpartition(b")")[2].split()
-        threads = int(fields[17])
+        if int(fields[17]) > _MEMBERS:
+            return set()
+        children: set[int] = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as listed:
+                data = listed.read(_CHILDREN_READ)
+            if len(data) == _CHILDREN_READ:
+                return set()  # more than a few
+            children.update(int(child) for child in data.split())
     except (OSError, ValueError, IndexError):
         return set()
-    return _scan.children(pid) if threads <= _MEMBERS else set()
+    return children if len(children) <= _MEMBERS else set()
 
 
 def _remove_worker_cgroup(cgroup: str, stop: Callable[[], bool]) -> None:
