@@ -28,7 +28,8 @@ log = logging.getLogger("zett_agent.process")
 
 #: killed processes still in a cgroup whose exits are awaited by pidfd (more: inotify alone)
 _MEMBERS = 16
-#: bytes read of one thread's ``children`` list: room for ``_MEMBERS`` pids and more
+#: bytes read of a list of pids (a thread's ``children``, ``cgroup.procs``): room for
+#: ``_MEMBERS`` of them and more
 _CHILDREN_READ = 512
 
 
@@ -185,11 +186,13 @@ class CgroupContainment(Containment):
         """
         assert self._loop is not None and tree.cgroup is not None
         try:
-            pids = _cgroup.read(f"{tree.cgroup}/cgroup.procs").split()
+            with open(f"{tree.cgroup}/cgroup.procs", "rb") as procs:
+                data = procs.read(_CHILDREN_READ)
         except OSError:
             return
-        if len(pids) > _MEMBERS:
-            return
+        pids = data.split()
+        if len(data) == _CHILDREN_READ or len(pids) > _MEMBERS:
+            return  # more than a few: not parsed on the loop
         for pid in pids:
             try:
                 fd = os.pidfd_open(int(pid))
