@@ -340,7 +340,7 @@ async def test_workers_start_at_the_pools_niceness() -> None:
 async def test_spares_run_an_event_loop_ahead_only_once_the_pool_ran_a_coroutine_job() -> None:
     """A spare's event-loop warm-up costs it memory of its own: pools whose jobs are plain
     functions never ask for it; once a coroutine function was submitted, every spare started
-    from then on does (``_worker._warm_up``)."""
+    from then on does (``_worker.warm_up``)."""
     async with ProcessPool(1, spare_workers=1) as pool:
         engine = engine_of(pool)
         assert engine.supervisor is not None

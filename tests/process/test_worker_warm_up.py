@@ -1,5 +1,6 @@
-"""A spare worker warms up (runs an empty job and an empty event loop) while it waits: the job
-it then gets must find the process as a fresh one would be, asyncio included."""
+"""A spare worker warms up (runs an empty job and an empty event loop) while it waits, and a
+pool's launcher runs its ``warm_up`` once before it forks: the job a worker then gets must find
+the process as a fresh one would be, asyncio included."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ print(json.dumps(seen))
 
 
 def observe(warm: bool) -> dict[str, object]:
-    warm_up = "from zett_agent.process._child import _worker; _worker._warm_up(False, True)\n"
+    warm_up = "from zett_agent.process._child import _worker; _worker.warm_up(False, True)\n"
     warm_up = warm_up if warm else ""
     done = subprocess.run(
         [sys.executable, "-c", "import zett_agent.process._child._worker\n" + warm_up + PROBE],
@@ -63,13 +64,13 @@ def test_a_job_after_the_warm_up_finds_asyncio_as_a_fresh_process_has_it(warm: b
 
 
 def test_a_job_after_a_rehearsal_finds_asyncio_as_a_fresh_process_has_it() -> None:
-    """The runner's rehearsal runs a whole child (its event loop included) in the spare."""
+    """The runner's rehearsal runs a whole child (its event loop included) in the launcher,
+    whose state every worker inherits."""
     rehearsal = (
         "import zett_agent.extensions._child_build\n"
         "from zett_agent.runners._child import rehearse\n"
-        "from zett_agent.process._child import _worker\n"
-        "_worker.spare_warm_up = rehearse\n"
-        "_worker._warm_up(False, False)\n"
+        "from zett_agent.process._child import _launcher\n"
+        "_launcher._rehearse(rehearse)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", rehearsal + PROBE],
@@ -107,7 +108,7 @@ def test_the_rehearsal_runs_a_child_from_start_to_report() -> None:
     assert done.stdout.split() == ["rehearsed", "1"]  # and it left no thread
 
 
-# -- ProcessPool(spare_warm_up=...) ---------------------------------------------------------------
+# -- ProcessPool(warm_up=...) ---------------------------------------------------------------
 
 
 async def _next_pid(reader: int) -> int:
@@ -136,16 +137,31 @@ def announcements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[i
 
 
 @pytest.mark.parametrize("name", ["announce", "announce_then_raise"])
-async def test_a_spare_runs_the_pools_warm_up_before_its_first_job(
+async def test_the_launcher_runs_the_pools_warm_up_once_before_it_forks(
     announcements: int, name: str
 ) -> None:
     from support import warm_ups
 
-    async with ProcessPool(1, spare_workers=1, spare_warm_up=f"support.warm_ups:{name}") as pool:
-        spare = await _next_pid(announcements)
-        # the spare that warmed up runs the job, and what its warm-up did (even one that
-        # raised) is left as it was, asyncio included
-        assert await pool.submit(warm_ups.warmed_here) == [spare, True, 42]
+    async with ProcessPool(2, spare_workers=2, warm_up=f"support.warm_ups:{name}") as pool:
+        ran_in = await _next_pid(announcements)
+        # every worker is a fork of the process that warmed up (the launcher), inherits what
+        # its warm-up did (even one that raised), and finds asyncio as a fresh process has it
+        jobs = [pool.submit(warm_ups.warmed_here) for _ in range(2)]
+        answers = await asyncio.gather(*jobs)
+        assert [answer[1:] for answer in answers] == [[ran_in, ran_in, 42]] * 2
+        assert len({answer[0] for answer in answers} - {ran_in}) == 2  # two workers, not it
+        # once: nothing else was announced (a warm-up run again would have written a pid)
+        assert os.read(announcements, 64) == b""
+
+
+async def test_a_warm_up_that_leaves_a_thread_fails_the_start_naming_it(
+    announcements: int,
+) -> None:
+    """A fork copies no thread but every lock one held: the launcher stays single-threaded."""
+    pool = ProcessPool(warm_up="support.warm_ups:leave_a_thread")
+    with pytest.raises(ProcessError, match=r"warm_up left 1 thread\(s\) running \(lingering\)"):
+        await pool.start()
+    await pool.close()
 
 
 @pytest.mark.parametrize(
@@ -158,9 +174,9 @@ async def test_a_spare_runs_the_pools_warm_up_before_its_first_job(
         ("support.warm_ups:an-nounce", ValueError),
     ],
 )
-def test_a_bad_spare_warm_up_is_refused_naming_the_form(value: object, error: type) -> None:
-    with pytest.raises(error, match="spare_warm_up"):
-        ProcessPool(spare_warm_up=value)  # type: ignore[arg-type]
+def test_a_bad_warm_up_is_refused_naming_the_form(value: object, error: type) -> None:
+    with pytest.raises(error, match="warm_up"):
+        ProcessPool(warm_up=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -171,10 +187,8 @@ def test_a_bad_spare_warm_up_is_refused_naming_the_form(value: object, error: ty
         ("support.warm_ups:NOT_A_FUNCTION", "is not a function"),
     ],
 )
-async def test_a_spare_warm_up_the_launcher_cannot_find_fails_the_start(
-    value: str, said: str
-) -> None:
-    pool = ProcessPool(spare_warm_up=value)
+async def test_a_warm_up_the_launcher_cannot_find_fails_the_start(value: str, said: str) -> None:
+    pool = ProcessPool(warm_up=value)
     with pytest.raises(ProcessError, match=re.escape(said)):
         await pool.start()
     await pool.close()
@@ -189,4 +203,12 @@ async def test_the_process_runner_pool_rehearses_a_child() -> None:
         assert booting is not None
         await booting
         assert runner.pool is not None
-        assert runner.pool.spare_warm_up == "zett_agent.runners._child:rehearse"
+        assert runner.pool.warm_up == "zett_agent.runners._child:rehearse"
+        # the launcher ran it: every child is a fork of a process that rehearsed
+        assert await runner.pool.submit(_rehearsed) is True
+
+
+def _rehearsed() -> bool:
+    from zett_agent.process._child import _worker
+
+    return _worker.rehearsed

@@ -1,7 +1,8 @@
-"""Spare warm-ups for ``ProcessPool(spare_warm_up=...)`` tests, named ``support.warm_ups:NAME``.
+"""Warm-ups for ``ProcessPool(warm_up=...)`` tests, named ``support.warm_ups:NAME``.
 
-Each announces the spare's pid on the FIFO named by ``$ZETT_TEST_WARM_UP_FIFO`` (opened without
-blocking: the test holds the reading end open) and marks the process as warmed.
+Each announces the pid of the process it ran in (the pool's launcher) on the FIFO named by
+``$ZETT_TEST_WARM_UP_FIFO`` (opened without blocking: the test holds the reading end open) and
+marks the process as warmed.
 """
 
 from __future__ import annotations
@@ -41,10 +42,18 @@ def announce_then_raise() -> None:
 NOT_A_FUNCTION = 42
 
 
+def leave_a_thread() -> None:
+    """A warm-up that starts a thread and returns while it runs."""
+    import threading
+
+    threading.Thread(target=threading.Event().wait, name="lingering", daemon=True).start()
+
+
 def warmed_here() -> list[object]:
-    """The job: its pid, whether its process was warmed, and whether asyncio works as fresh."""
+    """The job: its pid, its parent's, the pid the warm-up it inherits ran in, and whether
+    asyncio works as in a fresh process."""
 
     async def answer() -> int:
         return 42
 
-    return [os.getpid(), os.getpid() == WARMED_IN, asyncio.run(answer())]
+    return [os.getpid(), os.getppid(), WARMED_IN, asyncio.run(answer())]

@@ -103,14 +103,15 @@ def set_default_build(build: ChildBuild, rehearsal: Callable[[], ChildSpec] | No
 
 
 def rehearse() -> str | None:
-    """Run one child on a stand-in spec, start to report: a spare worker's warm-up.
+    """Run one child on a stand-in spec, start to report: the pool's warm-up.
 
-    The process runner's pool names it as its ``spare_warm_up``: a forked worker pays a
-    copy-on-write fault for each page the first run of a code path writes to (the agent's
-    build, its loop, a turn, a tool call), about 1.5 ms of a child's start; a spare pays them
-    while it waits. The spec (``set_default_build``'s ``rehearsal``) holds no model of the
-    user's and calls nothing outside the process; its events go nowhere. Returns the
-    report's text (``None`` when no build named a rehearsal).
+    The process runner's pool names it as its ``warm_up``, which its launcher runs once before
+    it forks any worker: what the first run of a child writes (the specialised bytecode of the
+    agent's build, its loop, a turn, a tool call; caches built on first use) is then in pages
+    every child shares, instead of in a copy each child makes as its first turn runs. The spec
+    (``set_default_build``'s ``rehearsal``) holds no model of the user's and calls nothing
+    outside the process; its events go nowhere; it leaves no thread. Returns the report's text
+    (``None`` when no build named a rehearsal).
     """
     if not _rehearsal:
         return None

@@ -516,9 +516,9 @@ class ProcessRunner:
             kill_grace=self.kill_grace or 0.0,
             preload=preload,
             nice=self.nice,
-            # each spare runs a child once while it waits: a child's start then finds the
-            # runtime's pages already its own (see ``rehearse``)
-            spare_warm_up=f"{rehearse.__module__}:{rehearse.__name__}",
+            # the launcher runs a child once before it forks: what a child's first run writes
+            # is then in pages every child shares (see ``rehearse``)
+            warm_up=f"{rehearse.__module__}:{rehearse.__name__}",
         )
         pool.owner = self.owner
         await pool.start()

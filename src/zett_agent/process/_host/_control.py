@@ -38,7 +38,7 @@ class LauncherHandle:
         max_frame_bytes: int,
         cgroups: dict[str, str],
         nice: int = 0,
-        spare_warm_up: str = "",
+        warm_up: str = "",
     ) -> None:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_fd = child_sock.fileno()
@@ -57,7 +57,7 @@ class LauncherHandle:
                 json.dumps(list(preload)),
                 json.dumps(cgroups),
                 str(nice),
-                spare_warm_up,
+                warm_up,
             ]
             self.pid = os.posix_spawn(
                 sys.executable,

@@ -79,7 +79,7 @@ class Dispatcher:
         self.prepare_for = ""
         self.prepare_sent = ""
         #: whether a job was a coroutine function: spares started from then on run an empty
-        #: event loop while they wait (see ``_worker._warm_up``)
+        #: event loop while they wait (see ``_worker.warm_up``)
         self.coroutines = False
         self.queue: deque[JobCore] = deque()
         self.idle: deque[Worker] = deque()

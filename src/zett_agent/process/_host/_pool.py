@@ -62,13 +62,12 @@ _ANY_ABI = 1 << 16
 
 
 def _function_name(value: object) -> str | None:
-    """``ProcessPool(spare_warm_up=...)`` checked: ``None`` or ``"package.module:function"``."""
+    """``ProcessPool(warm_up=...)`` checked: ``None`` or ``"package.module:function"``."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise TypeError(
-            f"ProcessPool(spare_warm_up=...) takes 'module:function' (a str), got "
-            f"{type(value).__name__}"
+            f"ProcessPool(warm_up=...) takes 'module:function' (a str), got {type(value).__name__}"
         )
     module, colon, function = value.partition(":")
     if (
@@ -77,8 +76,7 @@ def _function_name(value: object) -> str | None:
         or not all(part.isidentifier() for part in module.split("."))
     ):
         raise ValueError(
-            f"ProcessPool(spare_warm_up={value!r:.80}) must name a function as "
-            "'package.module:function'"
+            f"ProcessPool(warm_up={value!r:.80}) must name a function as 'package.module:function'"
         )
     return value
 
@@ -113,14 +111,13 @@ class ProcessPool:
       into many times its size; the bound counts the decoded size).
     - ``kill_grace``: default seconds between SIGTERM and SIGKILL when a job is killed.
     - ``preload``: modules imported once in the launcher, so forked workers start warm.
-    - ``spare_warm_up``: ``"module:function"``, a function every idle spare runs once while it
-      waits for its first job (after the engine's own warm-up), to rehearse what jobs will run:
-      a forked worker pays a copy-on-write page fault for every page the first run of a code
-      path writes to, and a rehearsal pays them before the job arrives (a child agent's first
-      turn ran in less than half the time). It must leave nothing behind (no thread, no file,
-      no global state a job could see); asyncio's policy is reset after it, and what it raises
-      is ignored. A job that reaches a spare in the middle of its rehearsal waits for the
-      rehearsal to end (a few ms on a busy machine); keep it short. The launcher imports the
+    - ``warm_up``: ``"module:function"``, a function the launcher runs once, after
+      ``preload`` and before it forks any worker, to rehearse what jobs will run. A forked
+      worker pays a copy-on-write page fault, and keeps a private copy, for every page the
+      first run of a code path writes to (the interpreter's specialised bytecode, caches built
+      on first use); run once in the launcher, those writes land in pages every worker shares.
+      It must leave no thread running (the pool then fails to start, naming them); asyncio's
+      policy is reset after it, and what it raises is ignored. The launcher imports the
       module and fails to start, naming the error, if it cannot be found.
     - ``nice``: added to every worker's niceness as it is forked, before it runs anything
       (0 to 19; default 0): CPU-heavy jobs then never compete with the host's event loop for
@@ -164,7 +161,7 @@ class ProcessPool:
         max_buffered_bytes: int = 256 * 1024 * 1024,
         kill_grace: float = 0.0,
         preload: Sequence[str] = (),
-        spare_warm_up: str | None = None,
+        warm_up: str | None = None,
         containment: str = "auto",
         nice: int = 0,
         scope_workers: bool = True,
@@ -186,7 +183,7 @@ class ProcessPool:
         self.max_buffered_bytes = _count("max_buffered_bytes", max_buffered_bytes, 1 << 16)
         self.kill_grace = check_seconds("ProcessPool(kill_grace=...)", kill_grace, high=3600)
         self.preload = check_names("ProcessPool(preload=...)", preload, "module names")
-        self.spare_warm_up = _function_name(spare_warm_up)
+        self.warm_up = _function_name(warm_up)
         self.nice = _count("nice", nice, 0, 19)
         self.__mode = check_choice("ProcessPool(containment=...)", containment, _CONTAINMENTS)
         self.scope_workers = check_flag("ProcessPool(scope_workers=...)", scope_workers)
@@ -325,7 +322,7 @@ class ProcessPool:
             loop,
             engine,
             preload=self.preload,
-            spare_warm_up=self.spare_warm_up or "",
+            warm_up=self.warm_up or "",
             max_frame_bytes=self.max_frame_bytes,
             cgroups={
                 **containment.launcher_args(),

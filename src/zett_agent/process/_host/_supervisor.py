@@ -81,7 +81,7 @@ class LauncherSupervisor:
         max_frame_bytes: int,
         cgroups: dict[str, str],
         nice: int = 0,
-        spare_warm_up: str = "",
+        warm_up: str = "",
         before_start: Callable[[], None] = lambda: None,
     ) -> None:
         self._loop = loop
@@ -91,7 +91,7 @@ class LauncherSupervisor:
         self._max_frame_bytes = max_frame_bytes
         self._cgroups = cgroups
         self._nice = nice
-        self._spare_warm_up = spare_warm_up
+        self._warm_up = warm_up
         #: the launcher jobs are given to; None while it is being replaced
         self.current: LauncherHandle | None = None
         #: every launcher not reaped yet
@@ -132,7 +132,7 @@ class LauncherSupervisor:
             max_frame_bytes=self._max_frame_bytes,
             cgroups=self._cgroups,
             nice=self._nice,
-            spare_warm_up=self._spare_warm_up,
+            warm_up=self._warm_up,
         )
         self.current = launcher
         self.handles.add(launcher)
