@@ -121,8 +121,11 @@ class TaskRegistry:
                 f"of {budget} tokens (session_token_budget={budget}), so no new task can start "
                 "in it. Finish with what the tasks reported (task_output)."
             )
-        running = session.running()
-        if len(running) + session.starting >= self._owner.max_concurrent:
+        limit = self._owner.max_concurrent
+        # ``active`` counts every task not finished yet (never fewer than are running): the
+        # walk of the session's tasks is only for a start at the limit, not for every start
+        running = session.running() if session.active + session.starting >= limit else ()
+        if len(running) + session.starting >= limit:
             listing = ", ".join(
                 f"{t.task_id} ({t.subagent_type}, {t.status.value})" for t in running
             )
