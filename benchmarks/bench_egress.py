@@ -16,7 +16,9 @@ on the same machine at the same time:
    (their pool at ``nice=19``, the server too: 50 busy processes on 2 cores otherwise take the
    parent's CPU, whatever its loop does); the target: p99 <= 2 ms. The same 50 jobs downloading
    directly (``network="all"``) follow, in the same run: what the engine's own work for 50 jobs
-   at once costs the loop, whatever their network.
+   at once costs the loop, whatever their network; then the machine's floor: 50 plain
+   interpreters started with ``subprocess`` (no pool, no sandbox, no proxy, ``nice=19`` as
+   well) downloading directly, while the same ticker runs in a parent that does nothing else.
 """
 
 from __future__ import annotations
@@ -152,6 +154,50 @@ async def _wave(count: int, box: Sandbox, url: str, each: int) -> tuple[float, l
     return wall, lateness
 
 
+_PLAIN_CLIENT = r"""
+import sys, urllib.request
+print("ready", flush=True)
+sys.stdin.readline()
+total = 0
+with urllib.request.urlopen(sys.argv[1], timeout=120) as response:
+    while chunk := response.read(1 << 20):
+        total += len(chunk)
+print(total, flush=True)
+"""
+
+
+async def _plain_wave(count: int, url: str, each: int) -> tuple[float, list[float]]:
+    """The floor: ``count`` plain interpreters (``nice=19``, no pool) download ``url`` at once
+    while this parent only ticks: its loop's lateness is then the machine's, not the engine's."""
+    lateness: list[float] = []
+    stop = asyncio.Event()
+    command = ["nice", "-n", "19", sys.executable, "-c", _PLAIN_CLIENT, url]
+    pipe = subprocess.PIPE
+    clients = []
+    for _ in range(count):
+        clients.append(await asyncio.create_subprocess_exec(*command, stdin=pipe, stdout=pipe))
+    try:
+        for client in clients:  # every interpreter up and waiting for its word: then the clock
+            assert client.stdout is not None
+            assert await client.stdout.readline() == b"ready\n"
+        ticks = asyncio.get_running_loop().create_task(ticker(lateness, stop))
+        started = time.perf_counter()
+        for client in clients:
+            assert client.stdin is not None
+            client.stdin.write(b"go\n")
+        outs = await asyncio.gather(*(client.communicate() for client in clients))
+        wall = time.perf_counter() - started
+        stop.set()
+        await ticks
+    finally:
+        for client in clients:
+            if client.returncode is None:
+                client.kill()
+                await client.wait()
+    assert all(int(out) == each for out, _err in outs)
+    return wall, lateness
+
+
 async def main(quick: bool) -> None:
     # the server stands for the internet: not in the parent's way either (nice)
     relay = None
@@ -191,6 +237,8 @@ async def main(quick: bool) -> None:
         for kind in ("proxied", "direct"):
             box, base = kinds[kind]
             waves[kind] = await _wave(jobs_at_once, box, f"{base}/big?size={each}", each)
+        url = f"{kinds['direct'][1]}/big?size={each}"
+        waves["plain processes, no pool (the floor)"] = await _plain_wave(jobs_at_once, url, each)
     finally:
         server.kill()
         server.wait()
