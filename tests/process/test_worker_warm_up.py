@@ -164,6 +164,17 @@ async def test_a_warm_up_that_leaves_a_thread_fails_the_start_naming_it(
     await pool.close()
 
 
+async def test_a_thread_a_preloaded_module_started_is_not_the_warm_ups(
+    announcements: int,
+) -> None:
+    """Only what the warm-up left counts: a pool whose preload starts a thread still starts."""
+    async with ProcessPool(
+        1, preload=["support.thread_at_import"], warm_up="support.warm_ups:announce"
+    ) as pool:
+        ran_in = await _next_pid(announcements)
+        assert (await pool.submit(os.getppid)) == ran_in
+
+
 @pytest.mark.parametrize(
     ("value", "error"),
     [

@@ -410,22 +410,26 @@ def _rehearse(function: Any) -> None:
     spares rehearsing each), and started as fast. What it raises only means the jobs pay for
     their first run themselves. It
     must leave no thread behind: the launcher forks, and a fork copies no thread but every
-    lock one held, so a warm-up that does fails the start, naming the threads.
+    lock one held, so a warm-up that does fails the start, naming the threads (those a
+    preloaded module started are not its doing, and are left to that module, as before).
     """
+    import threading
+
     from . import _worker
 
+    # threads a preloaded module started are its own business (as without a warm-up)
+    before = set(os.listdir("/proc/self/task"))
+    named = set(threading.enumerate())
     _worker.warm_up(confine=False, loop=True)  # the engine's own path: a job, an event loop
     with contextlib.suppress(Exception):
         function()
     _worker.fresh_asyncio()
     _worker.rehearsed = True
-    import threading
-
-    others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-    tasks = len(os.listdir("/proc/self/task"))
-    if others or tasks > 1:
+    left = set(os.listdir("/proc/self/task")) - before
+    if left:
+        names = [t.name for t in set(threading.enumerate()) - named]
         raise RuntimeError(
-            f"warm_up left {tasks - 1} thread(s) running ({', '.join(others) or 'not Python'}); "
+            f"warm_up left {len(left)} thread(s) running ({', '.join(names) or 'not Python'}); "
             "the launcher forks every worker and must stay single-threaded: join them first"
         )
 
