@@ -219,14 +219,14 @@ def _rehearse() -> str:
 
 
 def rehearsal_spec() -> ChildSpec:
-    """What a spare worker rehearses (``zett_agent.runners._child.rehearse``).
+    """What the process runner's launcher rehearses (``zett_agent.runners._child.rehearse``).
 
     A child whose stand-in model calls one tool and answers, built and run by this module's
     build.
     """
     model = _RehearsalModel()
     tool = AgentTool("rehearse", "Rehearse.", {"type": "object", "properties": {}}, _rehearse)
-    definition = SubAgentDefinition("rehearsal", "A spare's rehearsal.", "", model, [tool])
+    definition = SubAgentDefinition("rehearsal", "The launcher's rehearsal.", "", model, [tool])
     return ChildSpec(definition, model, "rehearsal/rehearsal", "rehearse", build=build_child)
 
 
