@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -225,6 +226,26 @@ def fork_many(n: int) -> int:
 
 def niceness() -> int:
     return os.nice(0)
+
+
+def session_niceness() -> tuple[str, int]:
+    """This process's autogroup (its session's, for the scheduler) and that group's niceness."""
+    with open("/proc/self/autogroup") as file:
+        name, _, nice = file.read().split()  # "/autogroup-123 nice 7"
+    return name, int(nice)
+
+
+def lower_session_niceness() -> str:
+    """Try to put this session's niceness back to 0; what the kernel answered."""
+    try:
+        fd = os.open("/proc/self/autogroup", os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return "done"
 
 
 # -- for the concurrent.futures executor -------------------------------------------------------

@@ -337,6 +337,41 @@ async def test_workers_start_at_the_pools_niceness() -> None:
         assert await pool.submit(_jobs.niceness) == os.nice(0) + 7
 
 
+_AUTOGROUPS = os.path.exists("/proc/self/autogroup")
+
+
+@pytest.mark.skipif(not _AUTOGROUPS, reason="a kernel without scheduler autogroups")
+async def test_a_workers_session_carries_the_pools_niceness() -> None:
+    """A worker makes a session of its own (``setsid``): with autogroups the scheduler weighs
+    sessions first, so the session must be as nice as the worker, or a niced pool's workers
+    take the host's CPU as so many sessions at niceness 0."""
+    host_group = _jobs.session_niceness()[0]
+    async with ProcessPool(2, nice=7) as pool:
+        groups = await asyncio.gather(*(pool.submit(_jobs.session_niceness) for _ in range(2)))
+    assert [nice for _name, nice in groups] == [7, 7]
+    assert len({name for name, _nice in groups} | {host_group}) == 3  # a session each
+
+
+@pytest.mark.skipif(not _AUTOGROUPS, reason="a kernel without scheduler autogroups")
+async def test_a_sandboxed_job_cannot_put_its_session_back_to_niceness_0() -> None:
+    """The kernel lets a process raise its own autogroup's weight back to 0 (not below); a
+    sandboxed job sees ``/proc`` read-only, so a niced pool stays niced for it."""
+    from zett_agent.process import Sandbox
+    from zett_agent.process._sandbox._options import sandbox_support
+
+    if not sandbox_support()["required_ok"]:
+        pytest.skip("no sandbox on this machine")
+    async with ProcessPool(1, nice=7) as pool:
+        answer = await pool.submit(_jobs.lower_session_niceness, sandbox=Sandbox())
+    assert answer in {"EROFS", "EACCES", "EPERM"}
+
+
+@pytest.mark.skipif(not _AUTOGROUPS, reason="a kernel without scheduler autogroups")
+async def test_a_pool_at_niceness_0_leaves_its_workers_sessions_at_0() -> None:
+    async with ProcessPool(1) as pool:
+        assert (await pool.submit(_jobs.session_niceness))[1] == 0
+
+
 async def test_spares_run_an_event_loop_ahead_only_once_the_pool_ran_a_coroutine_job() -> None:
     """A spare's event-loop warm-up costs it memory of its own: pools whose jobs are plain
     functions never ask for it; once a coroutine function was submitted, every spare started

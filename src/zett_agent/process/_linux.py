@@ -15,6 +15,7 @@ __all__ = [
     "get_child_subreaper",
     "libc",
     "linux_problem",
+    "nice_own_session",
     "prctl",
     "set_child_subreaper",
     "set_parent_death_signal",
@@ -58,6 +59,32 @@ def get_child_subreaper() -> bool:
 def set_parent_death_signal(signum: int) -> None:
     """Ask the kernel to send ``signum`` to this process when its parent thread dies."""
     _call(_PR_SET_PDEATHSIG, signum)
+
+
+def nice_own_session() -> None:
+    """Give this process's session the process's own niceness, for the scheduler's autogroups.
+
+    With autogroups on (``kernel.sched_autogroup_enabled``, the default of most distributions),
+    the scheduler shares the CPU between sessions first, each with the weight of its autogroup's
+    niceness (0 when made), and only then between the tasks of a session by theirs. A process
+    that made a session of its own (``setsid``) therefore competes with its host at full
+    weight whatever its own niceness: 50 workers of a ``nice=19`` pool took the host's CPU as
+    50 sessions at nice 0. Called right after ``setsid``, while the session holds this process
+    alone; a no-op at niceness 0 and without autogroups.
+    """
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness <= 0:
+        return  # a new autogroup's niceness is 0; lowering it is not ours to ask
+    try:
+        fd = os.open("/proc/self/autogroup", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # a kernel without autogroups
+    try:
+        os.write(fd, str(niceness).encode())
+    except OSError:
+        pass  # refused (a security module): the session keeps niceness 0
+    finally:
+        os.close(fd)
 
 
 def linux_problem() -> str | None:

@@ -408,6 +408,7 @@ def serve(
     if os.getppid() != launcher_pid:
         os._exit(1)
     os.setsid()
+    _linux.nice_own_session()  # else a niced worker competes with its host as a session at 0
     if scope:
         try:
             _landlock.scope_self(scope)
