@@ -38,7 +38,6 @@ def count_primes(below: int) -> int:
     Args:
         below: the exclusive upper bound.
     """
-    os.nice(10)  # background work: when the server's loop wakes up, it gets a core first
     return sum(1 for n in range(2, below) if all(n % d for d in range(2, math.isqrt(n) + 1)))
 
 
@@ -85,7 +84,7 @@ async def lifespan(app: FastAPI):
     # child. The children's tools live in this module, so the pool's launcher imports it (and
     # FastAPI) once, and every child starts warm instead of importing the web stack again.
     async with (
-        ProcessPool(max_workers=16, preload=[__name__]) as pool,
+        ProcessPool(max_workers=16, preload=[__name__], nice=10) as pool,
         AsyncSubAgentExtension([counter], pool=pool, max_concurrent=4) as tasks,
         Agent(choose_model(), extensions=[tasks]) as agent,
     ):
