@@ -1,6 +1,8 @@
-"""The few Linux process controls the engine needs, through ctypes: ``prctl`` and ``inotify``.
+"""The few Linux process controls the engine needs: ``prctl``, ``inotify``, autogroups.
 
-Imported by the launcher and the worker, so it imports nothing heavy.
+``prctl`` and ``inotify`` go through ctypes; a session's niceness for the scheduler's
+autogroups through ``/proc/self/autogroup``. Imported by the launcher and the worker, so it
+imports nothing heavy.
 """
 
 from __future__ import annotations

@@ -408,10 +408,10 @@ def _rehearse(function: Any) -> None:
     shares, instead of in a copy each worker makes when its first job runs that path: a
     running child agent on the runner's rehearsal held 3.8 MiB of its own instead of 5.6 (the
     spares rehearsing each), and started as fast. What it raises only means the jobs pay for
-    their first run themselves. It
-    must leave no thread behind: the launcher forks, and a fork copies no thread but every
-    lock one held, so a warm-up that does fails the start, naming the threads (those a
-    preloaded module started are not its doing, and are left to that module, as before).
+    their first run themselves. It must leave no thread behind: the launcher forks, and a fork
+    copies no thread but every lock one held, so a warm-up that does fails the start, naming
+    the threads (those a preloaded module started are not its doing, and are left to that
+    module, as before).
     """
     import threading
 
