@@ -231,8 +231,16 @@ def niceness() -> int:
 def session_niceness() -> tuple[str, int]:
     """This process's autogroup (its session's, for the scheduler) and that group's niceness."""
     with open("/proc/self/autogroup") as file:
-        name, _, nice = file.read().split()  # "/autogroup-123 nice 7"
+        words = file.read().split()  # "/autogroup-123 nice 7"
+    if not words:
+        return "the default autogroup", 0  # a session never made since boot shows nothing
+    name, _, nice = words
     return name, int(nice)
+
+
+def session_and_group() -> dict[str, int]:
+    """Who leads this process's session and its process group, and its parent."""
+    return {"sid": os.getsid(0), "pgid": os.getpgid(0), "pid": os.getpid(), "ppid": os.getppid()}
 
 
 def lower_session_niceness() -> str:

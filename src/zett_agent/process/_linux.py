@@ -63,30 +63,32 @@ def set_parent_death_signal(signum: int) -> None:
     _call(_PR_SET_PDEATHSIG, signum)
 
 
-def nice_own_session() -> None:
-    """Give this process's session the process's own niceness, for the scheduler's autogroups.
+def nice_own_session(niceness: int) -> bool:
+    """Give this process's session ``niceness``; ``False`` when the kernel says: later.
 
     With autogroups on (``kernel.sched_autogroup_enabled``, the default of most distributions),
     the scheduler shares the CPU between sessions first, each with the weight of its autogroup's
-    niceness (0 when made), and only then between the tasks of a session by theirs. A process
-    that made a session of its own (``setsid``) therefore competes with its host at full
-    weight whatever its own niceness: 50 workers of a ``nice=19`` pool took the host's CPU as
-    50 sessions at nice 0. Called right after ``setsid``, while the session holds this process
-    alone; a no-op at niceness 0 and without autogroups.
+    niceness (0 when made), and only then between the tasks of a session by theirs. The
+    launcher makes the one session of its pool (``setsid``): without this, its niced workers
+    would take the host's CPU as a session at niceness 0. A no-op at niceness 0 and without
+    autogroups. The kernel takes one such change a tenth of a second from an account without
+    ``CAP_SYS_ADMIN`` (``EAGAIN``), machine-wide: the caller asks again later.
     """
-    niceness = os.getpriority(os.PRIO_PROCESS, 0)
     if niceness <= 0:
-        return  # a new autogroup's niceness is 0; lowering it is not ours to ask
+        return True  # a new autogroup's niceness is 0; lowering it is not ours to ask
     try:
         fd = os.open("/proc/self/autogroup", os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
-        return  # a kernel without autogroups
+        return True  # a kernel without autogroups
     try:
         os.write(fd, str(niceness).encode())
+    except BlockingIOError:
+        return False
     except OSError:
         pass  # refused (a security module): the session keeps niceness 0
     finally:
         os.close(fd)
+    return True
 
 
 def linux_problem() -> str | None:

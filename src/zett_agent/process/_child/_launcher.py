@@ -4,6 +4,11 @@ Started by the pool with ``posix_spawn`` (never ``multiprocessing``; it never im
 ``__main__``). It imports the pool's preload modules once, so every worker it forks starts
 warm. It is a child subreaper, so orphans of every worker land on it and are reaped here.
 
+It is started in a session of its own (``setsid``), the pool's: each worker makes a process
+group of its own in it. No terminal's signals reach them, and the scheduler's autogroups weigh
+the whole pool as one session at the pool's niceness against its host, not as one session per
+worker (with 1,000 children, that was the host's event loop waiting behind 1,000 sessions).
+
 It is not trusted with a job's fate: a job can stop or kill it (it is the worker's parent).
 The host kills trees itself (through the cgroup, or a /proc freeze from its own thread),
 watches each worker through a pidfd, expects an answer to every request within a deadline,
@@ -63,6 +68,11 @@ __all__ = ["main"]
 _SHUTDOWN_LIMIT = 5.0
 
 
+#: how soon to ask again when the kernel refused the session's niceness for now (it takes one
+#: change a tenth of a second from an unprivileged account)
+_SESSION_NICE_RETRY = 0.1
+
+
 def _noop(signum: int, frame: object) -> None:
     pass
 
@@ -106,6 +116,8 @@ class _Launcher:
         #: whether workers forked from now on run an empty event loop while they wait
         self.loop = False
         self.counter = 0
+        #: the pool's niceness is not yet its session's (the kernel said: again later)
+        self.session_nice_due = not _linux.nice_own_session(nice)
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
 
@@ -147,6 +159,9 @@ class _Launcher:
             # forks wait behind everything else: a request must not queue behind a batch
             # of them; leftover cgroups are looked at again twice a second while any exist
             timeout = 0 if self.to_spawn else (0.5 if self.stale_cgroups else None)
+            if self.session_nice_due:
+                self.session_nice_due = not _linux.nice_own_session(self.nice)
+                timeout = _SESSION_NICE_RETRY if timeout is None else timeout
             for key, _ in self.selector.select(timeout):
                 if key.data == "ctrl":
                     self._read_control()

@@ -1,9 +1,10 @@
 """The child side: what runs inside a worker process, and ``emit``.
 
-A worker is forked by the launcher, already inside its own cgroup (cgroup containment) and a
-session of its own. It reads cloudpickle'd jobs from its socket, runs each one and answers
-with frames (see ``_protocol`` and ``_encode``). It imports almost nothing itself; everything
-it uses was imported by the launcher before the fork, so a worker starts warm.
+A worker is forked by the launcher, already inside its own cgroup (cgroup containment), and
+makes a process group of its own in the pool's session. It reads cloudpickle'd jobs from its
+socket, runs each one and answers with frames (see ``_protocol`` and ``_encode``). It imports
+almost nothing itself; everything it uses was imported by the launcher before the fork, so a
+worker starts warm.
 
 Nothing a job does here is trusted by the parent: the job runs in this very process and can
 write anything to the socket, change any flag, or exit with any status. The parent decides
@@ -407,8 +408,7 @@ def serve(
     _linux.set_parent_death_signal(pdeath)
     if os.getppid() != launcher_pid:
         os._exit(1)
-    os.setsid()
-    _linux.nice_own_session()  # else a niced worker competes with its host as a session at 0
+    os.setpgid(0, 0)  # a group of its own, in its launcher's session (the pool's)
     if scope:
         try:
             _landlock.scope_self(scope)

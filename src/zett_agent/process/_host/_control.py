@@ -67,7 +67,7 @@ class LauncherHandle:
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_DUP2, child_fd, CONTROL_FD),
                 ],
-                setpgroup=0,
+                setsid=True,  # the pool's session: see _launcher's docstring
                 setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE),
                 setsigmask=(),
             )
