@@ -213,8 +213,10 @@ class ProcessRunner:
             child beyond it waits, and its task info says ``waiting for a process: N of N in
             use``.
         spare_processes: Processes kept forked ahead of demand (default 2).
-        nice: Lower CPU priority of every child, from its fork on (0 to 19, default 0): for
-            CPU-heavy children that must not take a core from the parent's event loop.
+        nice: Lower CPU priority of every child, from its fork on, and of the pool's session
+            (0 to 19, default 0): for children that must not take a core from the parent's
+            event loop. At 0 the children, as one session, share the CPU with the parent's
+            as equals; the demo and the embedding guide use 10.
         kill_grace: Seconds between SIGTERM and SIGKILL when a child is cancelled (default:
             SIGKILL at once).
         preload: ``None`` (default): import, once in the launcher before it forks, the

@@ -120,8 +120,10 @@ class ProcessPool:
       policy is reset after it, and what it raises is ignored. The launcher imports the
       module and fails to start, naming the error, if it cannot be found.
     - ``nice``: added to every worker's niceness as it is forked, before it runs anything
-      (0 to 19; default 0): CPU-heavy jobs then never compete with the host's event loop for
-      a core, not even while they unpickle and start.
+      (0 to 19; default 0), and given to the pool's session: the workers share one session,
+      their launcher's, which the scheduler's autogroups weigh against the host's session as
+      one program. At 0 the pool and its host share the CPU as equals; above it, CPU-heavy
+      jobs yield a core to the host's event loop, even while they unpickle and start.
     - ``containment``: how job trees are contained and killed: ``"cgroup"`` (a cgroup v2 per
       worker: kills are atomic, nothing can fork or double-fork out of them; needs a writable
       cgroup v2 hierarchy and Linux 5.14), ``"scan"`` (freezes found by walking ``/proc``, and
