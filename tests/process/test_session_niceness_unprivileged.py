@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.world import INTERPRETER, SRC, World, unavailable
+from support.world import INTERPRETER, SRC, host_world
 
 GUARD = 60
 
@@ -73,18 +73,10 @@ HOLDER = textwrap.dedent(
 
 @pytest.fixture
 def world() -> Iterator[Path]:
-    problem = unavailable()
-    if problem is not None:
-        pytest.skip(problem)
     if not os.path.exists("/proc/self/autogroup"):
         pytest.skip("a kernel without scheduler autogroups")
-    made = World()
-    try:
-        (made.path / "host.py").write_text(HOST)
-        made.open_up()
-        yield made.path
-    finally:
-        made.remove()
+    with host_world(HOST) as path:
+        yield path
 
 
 def _line(stream: object) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support.world import INTERPRETER, SRC, World, unavailable
+from support.world import INTERPRETER, SRC, host_world
 
 HOST = textwrap.dedent(
     r"""
@@ -67,16 +67,8 @@ HOST = textwrap.dedent(
 @pytest.fixture
 def world() -> Iterator[Path]:
     """A world-readable directory with the host script and the engine's dependencies."""
-    problem = unavailable()
-    if problem is not None:
-        pytest.skip(problem)
-    made = World()
-    try:
-        (made.path / "host.py").write_text(HOST)
-        made.open_up()
-        yield made.path
-    finally:
-        made.remove()
+    with host_world(HOST) as path:
+        yield path
 
 
 @pytest.mark.slow

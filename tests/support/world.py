@@ -8,15 +8,17 @@ dependencies and the tests' helper modules where every account can read them: ``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cloudpickle
 import psutil
+import pytest
 
 import zett_agent
 
@@ -72,3 +74,19 @@ class World:
 
     def remove(self) -> None:
         shutil.rmtree(self.path)
+
+
+@contextlib.contextmanager
+def host_world(script: str) -> Iterator[Path]:
+    """A ``World`` whose ``host.py`` is ``script``, removed afterwards; skips where a
+    world-readable host cannot run (``unavailable``)."""
+    problem = unavailable()
+    if problem is not None:
+        pytest.skip(problem)
+    made = World()
+    try:
+        (made.path / "host.py").write_text(script)
+        made.open_up()
+        yield made.path
+    finally:
+        made.remove()
