@@ -3,9 +3,9 @@ kernel refuses it at first.
 
 The kernel takes one change of an autogroup's niceness a tenth of a second from an account
 without ``CAP_SYS_ADMIN``, machine-wide (``EAGAIN``); every change, root's too, starts that
-tenth again. Here a helper of the test, as root in a session of its own, changes its own
-session's niceness (to the value it already has) every millisecond: while it does, no
-unprivileged launcher can nice its session. The host, Debian's world-readable interpreter run
+tenth again. Here a helper of the test, as root in a session of its own, sets its own
+session's niceness every millisecond: while it does, no unprivileged launcher can nice its
+session. The host, Debian's world-readable interpreter run
 as uid 65534, starts a ``nice=5`` pool then; its job sees the session still at 0. Once the
 helper stopped, the launcher's next try goes through and a second job sees 5.
 """
@@ -57,16 +57,17 @@ HOST = textwrap.dedent(
     """
 )
 
-#: changes its own session's niceness to what it is, every millisecond, until its stdin closes
+#: sets its own session's niceness, every millisecond, until its stdin closes; at -20 (root
+#: may), so that a loaded machine does not keep it from a CPU for the tenth of a second
 HOLDER = textwrap.dedent(
     r"""
     import os, select, sys
     os.nice(-20)
     fd = os.open("/proc/self/autogroup", os.O_WRONLY)
-    os.write(fd, b"0")
+    os.write(fd, b"-20")
     print("holding", flush=True)
     while not select.select([sys.stdin], [], [], 0.001)[0]:
-        os.write(fd, b"0")
+        os.write(fd, b"-20")
     """
 )
 
