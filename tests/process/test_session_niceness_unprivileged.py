@@ -5,9 +5,9 @@ The kernel takes one change of an autogroup's niceness a tenth of a second from 
 without ``CAP_SYS_ADMIN``, machine-wide (``EAGAIN``); every change, root's too, starts that
 tenth again. Here a helper of the test, as root in a session of its own, sets its own
 session's niceness every millisecond: while it does, no unprivileged launcher can nice its
-session. The host, Debian's world-readable interpreter run
-as uid 65534, starts a ``nice=5`` pool then; its job sees the session still at 0. Once the
-helper stopped, the launcher's next try goes through and a second job sees 5.
+session. The host, Debian's world-readable interpreter run as uid 65534, starts a ``nice=5``
+pool then; its job sees the session still at 0. Once the helper stopped, the launcher's next
+try goes through and a second job sees 5.
 """
 
 from __future__ import annotations
