@@ -16,9 +16,12 @@ on the same machine at the same time:
    (their pool at ``nice=19``, the server too: 50 busy processes on 2 cores otherwise take the
    parent's CPU, whatever its loop does); the target: p99 <= 2 ms. The same 50 jobs downloading
    directly (``network="all"``) follow, in the same run: what the engine's own work for 50 jobs
-   at once costs the loop, whatever their network; then the machine's floor: 50 plain
-   interpreters started with ``subprocess`` (no pool, no sandbox, no proxy, ``nice=19`` as
-   well) downloading directly, while the same ticker runs in a parent that does nothing else.
+   at once costs the loop, whatever their network; then 50 plain interpreters started with
+   ``subprocess`` (no pool, no sandbox, no proxy, ``nice=19`` as well) downloading directly,
+   while the same ticker runs in a parent that does nothing else. They run in the parent's
+   session, where their niceness weighs against the parent's own tasks; the pool's workers
+   share a session of their own at the pool's niceness, which yields more to the parent, so
+   this wave is no longer a floor under the pool's.
 """
 
 from __future__ import annotations
@@ -238,7 +241,9 @@ async def main(quick: bool) -> None:
             box, base = kinds[kind]
             waves[kind] = await _wave(jobs_at_once, box, f"{base}/big?size={each}", each)
         url = f"{kinds['direct'][1]}/big?size={each}"
-        waves["plain processes, no pool (the floor)"] = await _plain_wave(jobs_at_once, url, each)
+        waves["plain processes, no pool, in the parent's session"] = await _plain_wave(
+            jobs_at_once, url, each
+        )
     finally:
         server.kill()
         server.wait()
