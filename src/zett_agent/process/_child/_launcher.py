@@ -116,8 +116,10 @@ class _Launcher:
         #: whether workers forked from now on run an empty event loop while they wait
         self.loop = False
         self.counter = 0
-        #: the pool's niceness is not yet its session's (the kernel said: again later)
-        self.session_nice_due = not _linux.nice_own_session(nice)
+        #: when to ask again for the pool's niceness on its session (the kernel said: later),
+        #: or ``None`` once it is done
+        self.session_nice_at: float | None = None
+        self._nice_session()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
 
@@ -139,6 +141,11 @@ class _Launcher:
                 self.stopping = True
                 return
 
+    def _nice_session(self) -> None:
+        """Give the pool's session its niceness, or say when to ask again."""
+        done = _linux.nice_own_session(self.nice)
+        self.session_nice_at = None if done else time.monotonic() + _SESSION_NICE_RETRY
+
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stopping = True
 
@@ -159,15 +166,17 @@ class _Launcher:
             # forks wait behind everything else: a request must not queue behind a batch
             # of them; leftover cgroups are looked at again twice a second while any exist
             timeout = 0 if self.to_spawn else (0.5 if self.stale_cgroups else None)
-            if self.session_nice_due:
-                self.session_nice_due = not _linux.nice_own_session(self.nice)
-                timeout = _SESSION_NICE_RETRY if timeout is None else timeout
+            if self.session_nice_at is not None:
+                wait = max(0.0, self.session_nice_at - time.monotonic())
+                timeout = wait if timeout is None else min(timeout, wait)
             for key, _ in self.selector.select(timeout):
                 if key.data == "ctrl":
                     self._read_control()
                 else:
                     self._drain_wakeups()
             self._reap()
+            if self.session_nice_at is not None and time.monotonic() >= self.session_nice_at:
+                self._nice_session()
             if self.to_spawn and not self.stopping:
                 self.to_spawn -= 1
                 self._fork_worker()
