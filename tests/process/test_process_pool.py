@@ -379,7 +379,7 @@ async def test_a_sandboxed_job_cannot_put_its_session_back_to_niceness_0() -> No
 
 
 @pytest.mark.skipif(not _AUTOGROUPS, reason="a kernel without scheduler autogroups")
-async def test_a_pool_at_niceness_0_leaves_its_workers_sessions_at_0() -> None:
+async def test_a_pool_at_niceness_0_leaves_its_session_at_0() -> None:
     async with ProcessPool(1) as pool:
         assert (await pool.submit(_jobs.session_niceness))[1] == 0
 
