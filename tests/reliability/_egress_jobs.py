@@ -194,6 +194,28 @@ def send_descriptors(count: int) -> str:
     return "done"
 
 
+def held_tunnel(port: int) -> Any:
+    """A CONNECT tunnel held open (say "tunnel") until the host's word; then one small GET
+    through it: its status line."""
+    from zett_agent.process._child._inbox import receive_blocking
+
+    with socket.create_connection(proxy_address(), timeout=30) as sock:
+        sock.sendall(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return "closed"
+            answer += chunk
+        emit("tunnel")
+        receive_blocking(timeout=30)
+        sock.sendall(f"GET /small HTTP/1.0\r\nHost: api.test:{port}\r\n\r\n".encode())
+        received = bytearray()
+        while chunk := sock.recv(1 << 16):
+            received += chunk
+    return bytes(received).split(b"\r\n", 1)[0].decode()
+
+
 def tunnel(port: int, size: int) -> Any:
     """Through a CONNECT tunnel: ask for ``size`` bytes, end the sending side (half-close), and
     read the answer to its end: ``[status line, body bytes]``."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import socket
 import socketserver
 import ssl
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import _egress_jobs as jobs
@@ -23,7 +25,7 @@ import pytest
 from support.jobs import until
 from support.openai_loopback import TEST_CA, TLS_DIR
 from zett_agent.process import Egress, ProcessJob, ProcessPool, Sandbox, SandboxUnavailable
-from zett_agent.process._host import _proxy
+from zett_agent.process._host import _proxy, _splice
 from zett_agent.process._sandbox._landlock import abi
 from zett_agent.process._sandbox._options import sandbox_support
 from zett_agent.process._sandbox._seccomp import available
@@ -280,6 +282,34 @@ async def test_bytes_move_while_the_parents_loop_is_blocked(servers: Servers) ->
         assert servers.plain.sent.wait(GUARD), "the transfer stopped with the loop"
         status, body = await outcome(job)
     assert (status, body) == ("HTTP/1.1 200 OK", size)
+
+
+async def test_the_jobs_side_of_a_relayed_connection_sends_unpaced(servers: Servers) -> None:
+    """While a tunnel is open, the relay's socket on the job's side runs Reno, which never
+    paces (BBR's pacing over the job's loopback halved the throughput); the upstream socket
+    keeps the host's default."""
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip().encode()
+    async with ProcessPool(1) as pool:
+        job = pool.submit(jobs.held_tunnel, servers.http_port, sandbox=sandbox(egress(servers)))
+        async with asyncio.timeout(GUARD):
+            async for event in job.events():
+                assert event == "tunnel"
+                break
+        relayed = _splice.splicer._pairs  # by each socket of each pair the relay thread serves
+        await until(lambda: bool(relayed), what="the tunnel reaches the relay thread")
+        (pair,) = set(relayed.values())
+        assert _congestion(pair.client) == _proxy.JOB_SIDE_CONGESTION == b"reno"
+        assert _congestion(pair.upstream) == default
+        await job.send("go")
+        assert await outcome(job) == "HTTP/1.1 200 OK"
+
+
+def _congestion(fd: int) -> bytes:
+    sock = socket.socket(fileno=fd)
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+    finally:
+        sock.detach()
 
 
 def _egress_inside_a_sandbox(port: int) -> Any:
