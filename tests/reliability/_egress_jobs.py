@@ -195,8 +195,8 @@ def send_descriptors(count: int) -> str:
 
 
 def held_tunnel(port: int) -> Any:
-    """A CONNECT tunnel held open (say "tunnel") until the host's word; then one small GET
-    through it: its status line."""
+    """A CONNECT tunnel held open (say "tunnel" and the congestion control a new TCP socket of
+    the job gets) until the host's word; then one small GET through it: its status line."""
     from zett_agent.process._child._inbox import receive_blocking
 
     with socket.create_connection(proxy_address(), timeout=30) as sock:
@@ -207,7 +207,9 @@ def held_tunnel(port: int) -> Any:
             if not chunk:
                 return "closed"
             answer += chunk
-        emit("tunnel")
+        with socket.socket() as fresh:
+            chosen = fresh.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+            emit(["tunnel", chosen.rstrip(b"\0").decode()])
         receive_blocking(timeout=30)
         sock.sendall(f"GET /small HTTP/1.0\r\nHost: api.test:{port}\r\n\r\n".encode())
         received = bytearray()

@@ -284,16 +284,17 @@ async def test_bytes_move_while_the_parents_loop_is_blocked(servers: Servers) ->
     assert (status, body) == ("HTTP/1.1 200 OK", size)
 
 
-async def test_the_jobs_side_of_a_relayed_connection_sends_unpaced(servers: Servers) -> None:
-    """While a tunnel is open, the relay's socket on the job's side runs Reno, which never
-    paces (BBR's pacing over the job's loopback halved the throughput); the upstream socket
-    keeps the host's default."""
-    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip().encode()
+async def test_the_jobs_network_sends_unpaced(servers: Servers) -> None:
+    """Reno, which never paces (BBR's pacing over the job's loopback halved the throughput),
+    in the job's network namespace: its own new sockets get it, and so does the relay's
+    socket on the job's side of a tunnel; the upstream socket keeps the host's default."""
+    default = _HOST_CONGESTION.read_text().strip().encode()  # noqa: ASYNC240 (/proc: at once)
     async with ProcessPool(1) as pool:
         job = pool.submit(jobs.held_tunnel, servers.http_port, sandbox=sandbox(egress(servers)))
         async with asyncio.timeout(GUARD):
             async for event in job.events():
-                assert event == "tunnel"
+                assert event[0] == "tunnel", event
+                assert event[1] == "reno"  # the namespace's default
                 break
         relayed = _splice.splicer._pairs  # by each socket of each pair the relay thread serves
         await until(lambda: bool(relayed), what="the tunnel reaches the relay thread")
@@ -302,6 +303,9 @@ async def test_the_jobs_side_of_a_relayed_connection_sends_unpaced(servers: Serv
         assert _congestion(pair.upstream) == default
         await job.send("go")
         assert await outcome(job) == "HTTP/1.1 200 OK"
+
+
+_HOST_CONGESTION = Path("/proc/sys/net/ipv4/tcp_congestion_control")
 
 
 def _congestion(fd: int) -> bytes:

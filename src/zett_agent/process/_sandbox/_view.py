@@ -55,6 +55,12 @@ _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _MOUNT_ATTR_RDONLY = 0x1
 _MS_PRIVATE = 1 << 18
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
+#: the job's network namespace sends unpaced: it took the host's default congestion control,
+#: and BBR's pacing over loopback only costs CPU and leaves both ends of a transfer waiting
+#: (the job's sockets and, inherited from its listener, the host proxy's side of each
+#: connection; see ``_host/_proxy._unpaced``); refused, the host's default stays
+_LOOPBACK_CONGESTION = b"reno"
+_CONGESTION_CONTROL = "/proc/sys/net/ipv4/tcp_congestion_control"
 # the same numbers on every architecture (the mount API came after they were unified)
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -102,11 +108,20 @@ def _map_ids(uid: int, gid: int) -> None:
         ("gid_map", f"{gid} {gid} 1"),
         ("uid_map", f"{uid} {uid} 1"),
     ):
-        fd = os.open(f"/proc/self/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        _write_proc(f"/proc/self/{name}", text.encode(), strict=True)
+
+
+def _write_proc(path: str, value: bytes, strict: bool = False) -> None:
+    """Write ``value`` to ``path`` under ``/proc``; an ``OSError`` is raised only if ``strict``."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            os.write(fd, text.encode())
+            os.write(fd, value)
         finally:
             os.close(fd)
+    except OSError:
+        if strict:
+            raise
 
 
 def _unshare_namespaces(privileged: bool, network: bool) -> str:
@@ -122,6 +137,8 @@ def _unshare_namespaces(privileged: bool, network: bool) -> str:
     _check(_unshare(flags), f"unshare({' | '.join('CLONE_NEW' + n.upper() for n in names)})")
     if not privileged:
         _map_ids(uid, gid)
+    if network:
+        _write_proc(_CONGESTION_CONTROL, _LOOPBACK_CONGESTION)
     return ", ".join(names)
 
 
