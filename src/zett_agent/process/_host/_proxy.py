@@ -31,7 +31,6 @@ tells the loop once, when the connection ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import os
@@ -60,8 +59,6 @@ _EARLY = 256 * 1024
 
 #: decisions a job's log keeps (the counts cover them all)
 MAX_KEPT = 256
-#: congestion control of the job's side of a relayed connection (``_unpaced``)
-JOB_SIDE_CONGESTION = b"reno"
 
 
 class EgressLog:
@@ -430,10 +427,8 @@ class _Client(asyncio.Protocol):
             upstream.close()  # it never read the 2-byte SOCKS greeting: it reads nothing
             self._deny("the client does not read what the proxy sends", 400, target)
             return
-        job_side = transport.get_extra_info("socket")
-        _unpaced(job_side)
         try:
-            client = os.dup(job_side.fileno())
+            client = os.dup(transport.get_extra_info("socket").fileno())
         except OSError as exc:  # out of descriptors
             upstream.close()
             self._deny(f"the parent could not relay: {exc.strerror or exc}", 502, target)
@@ -557,22 +552,6 @@ class _Client(asyncio.Protocol):
             return  # the relay thread has the connection now
         self.proxy.open.discard(self)
         self.stage = "done"
-
-
-def _unpaced(sock: Any) -> None:
-    """Send to the job unpaced: ``JOB_SIDE_CONGESTION`` on the job's side of a relayed connection.
-
-    That side is a loopback connection inside the job's own network namespace, which takes the
-    host's default congestion control. Where that is BBR, the kernel paces each send to the rate
-    it measured, with a timer between bursts: over loopback that only costs CPU per packet and
-    leaves the relay, the job and the server waiting on each other (a 100 MB download through the
-    proxy ran at 0.45 of a direct connection's speed, 0.7 with this). Reno never paces, is built
-    into every kernel and may be chosen by every account. Refused (a kernel without it), the
-    socket keeps the default: slower, not wrong. The upstream side keeps the host's choice: it
-    is the host's real network.
-    """
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, JOB_SIDE_CONGESTION)
 
 
 def _socks_reply(code: int) -> bytes:
