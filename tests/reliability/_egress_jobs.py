@@ -194,48 +194,52 @@ def send_descriptors(count: int) -> str:
     return "done"
 
 
+def _connect_through(sock: socket.socket, port: int) -> str:
+    """Ask the proxy for a tunnel to ``api.test:port`` on ``sock``: its status line ("closed"
+    if it closed first)."""
+    sock.sendall(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return "closed"
+        answer += chunk
+    return answer.split(b"\r\n", 1)[0].decode()
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    received = bytearray()
+    while chunk := sock.recv(1 << 16):
+        received += chunk
+    return bytes(received)
+
+
 def held_tunnel(port: int) -> Any:
     """A CONNECT tunnel held open (say "tunnel" and the congestion control a new TCP socket of
     the job gets) until the host's word; then one small GET through it: its status line."""
     from zett_agent.process._child._inbox import receive_blocking
 
     with socket.create_connection(proxy_address(), timeout=30) as sock:
-        sock.sendall(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                return "closed"
-            answer += chunk
+        status = _connect_through(sock, port)
+        if " 200 " not in status:
+            return status
         with socket.socket() as fresh:
             chosen = fresh.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
             emit(["tunnel", chosen.rstrip(b"\0").decode()])
         receive_blocking(timeout=30)
         sock.sendall(f"GET /small HTTP/1.0\r\nHost: api.test:{port}\r\n\r\n".encode())
-        received = bytearray()
-        while chunk := sock.recv(1 << 16):
-            received += chunk
-    return bytes(received).split(b"\r\n", 1)[0].decode()
+        return _read_all(sock).split(b"\r\n", 1)[0].decode()
 
 
 def tunnel(port: int, size: int) -> Any:
     """Through a CONNECT tunnel: ask for ``size`` bytes, end the sending side (half-close), and
     read the answer to its end: ``[status line, body bytes]``."""
     with socket.create_connection(proxy_address(), timeout=30) as sock:
-        sock.sendall(f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n\r\n".encode())
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                return ["closed", 0]
-            answer += chunk
-        if b" 200 " not in answer.split(b"\r\n", 1)[0]:
-            return [answer.split(b"\r\n", 1)[0].decode(), 0]
+        status = _connect_through(sock, port)
+        if " 200 " not in status:
+            return [status, 0]
         emit("tunnel")
         sock.sendall(f"GET /big?size={size} HTTP/1.0\r\nHost: api.test:{port}\r\n\r\n".encode())
         sock.shutdown(socket.SHUT_WR)
-        received = bytearray()
-        while chunk := sock.recv(1 << 16):
-            received += chunk
-    head, _, body = bytes(received).partition(b"\r\n\r\n")
+        head, _, body = _read_all(sock).partition(b"\r\n\r\n")
     return [head.split(b"\r\n", 1)[0].decode(), len(body)]
