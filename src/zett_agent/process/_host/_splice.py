@@ -40,13 +40,13 @@ __all__ = ["Budget", "Pair", "Splicer", "splicer"]
 _CHUNK = 256 * 1024
 #: a direction that moved ``_BULK_AFTER`` bytes (a bulk transfer) grows its pipe, and its
 #: splices, to ``_BULK_CHUNK``: a quarter of the moves and wake-ups (a 100 MB download through
-#: the proxy went from 0.78-0.91 of a direct one's speed to 0.88-1.03)
+#: the proxy went from 0.81-0.95 of a direct one's speed to 0.88-1.18)
 _BULK_AFTER = 4 * 1024 * 1024
 _BULK_CHUNK = 1024 * 1024
 #: grown pipes at once in the process. A pipe's size counts against its account's pipe limit
-#: (``/proc/sys/fs/pipe-user-pages-soft``, 64 MiB by default), past which every new pipe of
-#: the account (the host's own included) gets two pages: 16 grown pipes and 128 connections'
-#: first pipes stay within it
+#: (``/proc/sys/fs/pipe-user-pages-soft``, 64 MiB by default, not for root), past which every
+#: new pipe of the account (the host's own included) gets two pages: with 16 grown, 104
+#: connections' pipes still fit (128 with none)
 _BULK_PIPES = 16
 #: moves per direction per wake-up (then the other connections get their turn)
 _MOVES = 4

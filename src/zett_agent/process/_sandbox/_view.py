@@ -56,7 +56,7 @@ _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _MOUNT_ATTR_RDONLY = 0x1
 _MS_PRIVATE = 1 << 18
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
-#: the congestion control of the job's network namespace (``unpaced``)
+#: the congestion control of the job's network namespace (see ``loopback_listener``)
 _LOOPBACK_CONGESTION = b"reno"
 _CONGESTION_CONTROL = "/proc/sys/net/ipv4/tcp_congestion_control"
 # the same numbers on every architecture (the mount API came after they were unified)
