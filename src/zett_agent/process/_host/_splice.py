@@ -73,10 +73,14 @@ class _Way:
     held: int = 0  # bytes in the pipe that are to go out
     chunk: int = _CHUNK  # what one splice moves at most (the pipe's size)
     moved: int = 0  # bytes taken from src so far
-    grown: bool = False  # its pipe grew to ``_BULK_CHUNK`` (it holds one of ``_BULK_PIPES``)
     ended: bool = False  # src gave its end
     passed: bool = False  # the end went on to dst
     cut: bool = False  # past the budget: what is held goes out, then the pair is cut
+
+    @property
+    def grown(self) -> bool:
+        """Its pipe grew to ``_BULK_CHUNK`` (it holds one of ``_BULK_PIPES``)."""
+        return self.chunk != _CHUNK
 
     def open_pipe(self) -> None:
         self.read_end, self.write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -291,7 +295,7 @@ class Splicer:
             fcntl.fcntl(way.write_end, _F_SETPIPE_SZ, _BULK_CHUNK)
         except OSError:
             return
-        way.chunk, way.grown = _BULK_CHUNK, True
+        way.chunk = _BULK_CHUNK
         self._grown += 1
 
     def _end(self, pair: Pair) -> None:
