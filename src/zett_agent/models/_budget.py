@@ -21,6 +21,10 @@ Crossing a bound raises ``ResponseRefused`` (a ``ModelError`` naming the bound) 
 SDK's read, which passes it through unwrapped; the adapter counts the events the SDK makes
 (``MAX_EVENTS``) and bounds the whole call by its deadline.
 
+Each piece of a body, and the head before it, waits for its turn (``_pacing``) before anything
+is done with it: when a thousand responses arrive together, the parent takes them a few per
+loop iteration instead of all in one.
+
 An answer with a JSON content type (a server that ignored ``stream: true``) is read whole, at
 most ``MAX_JSON_BYTES``, and handed to the SDK as one server-sent event followed by ``[DONE]``,
 when the adapter asks for it (``json_as_event``).
@@ -34,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from zett_agent._model import ModelError
+from zett_agent.models._pacing import pace
 
 __all__ = [
     "CHECKED_BYTES",
@@ -161,6 +166,7 @@ class _Counter:
 async def _answer(inner: Any) -> AsyncIterator[bytes]:
     counter = _Counter()
     async for piece in inner:
+        await pace()
         counter.feed(piece)
         yield piece
 
@@ -168,6 +174,7 @@ async def _answer(inner: Any) -> AsyncIterator[bytes]:
 async def _error_body(inner: Any) -> AsyncIterator[bytes]:
     left = MAX_ERROR_BYTES
     async for piece in inner:
+        await pace()
         if len(piece) >= left:
             yield piece[:left]
             return  # the rest is not read: the status decides
@@ -178,6 +185,7 @@ async def _error_body(inner: Any) -> AsyncIterator[bytes]:
 async def _json_as_event(inner: Any) -> AsyncIterator[bytes]:
     body = bytearray()
     async for piece in inner:
+        await pace()
         body += piece
         if len(body) > MAX_JSON_BYTES:
             raise ResponseRefused(
@@ -227,6 +235,7 @@ def guard(*, json_as_event: bool) -> Callable[[Any], Awaitable[None]]:
     """
 
     async def hook(response: Any) -> None:
+        await pace()  # many heads arrive at once: what follows (the SDK's part too) takes turns
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise ResponseRefused(

@@ -33,7 +33,7 @@ time, at most 2 ms per event-loop callback, as the engine decodes frames. When t
 (completes, fails, is killed or cancelled) every call it had open is cancelled, which closes
 its provider request.
 
-**Many calls at once take turns.** Before a call reads its next event it asks ``_pacing``
+**Many calls at once take turns.** Before a call reads its next event it asks ``models._pacing``
 whether the loop's relaying budget for this turn (2 ms) is spent; if so it waits for a later
 loop iteration, a few calls per iteration in the order they came, so the parent's timers and
 other work run between turns however many children stream at once.
@@ -61,7 +61,7 @@ import cloudpickle
 
 from zett_agent._model import Model, ModelError, ModelEventKind, ModelRequest, TransientModelError
 from zett_agent._tracing._trace_models import ModelNotes, model_attributes
-from zett_agent.runners._broker._pacing import pace
+from zett_agent.models._pacing import pace
 from zett_agent.runners._broker._standin import _rebuild
 from zett_agent.runners._broker._usage import (
     CallCharge,

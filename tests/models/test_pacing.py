@@ -1,14 +1,17 @@
-"""Brokered streams take turns on a busy loop: a budget of relaying per turn, in arrival order."""
+"""Model streams take turns on a busy loop: a budget of work per turn, in arrival order."""
 
 from __future__ import annotations
 
 import asyncio
 import types
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
-from zett_agent.runners._broker import _pacing
-from zett_agent.runners._broker._pacing import PER_TURN, TURN_SECONDS, pace
+from zett_agent.models import _pacing
+from zett_agent.models._budget import guard
+from zett_agent.models._pacing import PER_TURN, TURN_SECONDS, pace
 
 HANG_GUARD = 30.0
 
@@ -92,3 +95,31 @@ async def test_a_call_cancelled_while_it_waits_leaves_its_place_to_the_next(
     await asyncio.wait_for(asyncio.gather(*tasks[1:]), HANG_GUARD)
     assert went == list(range(1, PER_TURN + 1))
     assert tasks[0].cancelled()
+
+
+async def test_a_responses_head_and_each_piece_of_its_body_wait_for_their_turn(
+    clock: list[float],
+) -> None:
+    """When a thousand responses arrive at once, what the SDK does with each takes turns too."""
+    pieces = [b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\n']
+
+    class Body(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield piece
+
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Body())
+    hook = guard(json_as_event=False)
+    assert went_on_at_once(pace())  # a turn begins
+    clock[0] += TURN_SECONDS  # and its budget is spent
+    head = asyncio.ensure_future(hook(response))
+    await asyncio.sleep(0)
+    assert not head.done()  # the head waits for a later turn
+    await asyncio.wait_for(head, HANG_GUARD)
+    body = aiter(response.stream)
+    for piece in pieces:
+        clock[0] += TURN_SECONDS  # the turn that let it go on is spent
+        read = asyncio.ensure_future(anext(body))
+        await asyncio.sleep(0)
+        assert not read.done()  # each piece waits for a later turn before the SDK sees it
+        assert await asyncio.wait_for(read, HANG_GUARD) == piece

@@ -1,16 +1,19 @@
-"""The pace of brokered streams on one event loop: a budget of relaying per loop turn.
+"""The pace of model streams on one event loop: a budget of work per loop turn, shared by all.
 
-When many brokered calls stream at once (1,000 children, their endpoint answering all of them
-together), every call has its next event ready in the same loop iteration, and asyncio runs
-every ready callback before it looks at its timers: at 0.1 to 0.4 ms of the parent's CPU per
+When many model calls stream at once (a parent brokering 1,000 children, their endpoint answering
+all of them together), every call has something to read in the same loop iteration, and asyncio
+runs every ready callback before it looks at its timers: at 0.1 to 0.4 ms of the parent's CPU per
 relayed event, one iteration took 0.3 s and more, and nothing else of the parent ran meanwhile.
-So a call asks ``pace()`` before it reads its next event: within the current turn's budget
-(``TURN_SECONDS`` of relaying) it goes on at once; once the budget is spent it waits, in order of
-arrival, and each later loop iteration lets the next ``PER_TURN`` waiting calls go on, each
-with a fresh budget for that turn. The loop's timers and other callbacks run between turns.
+So a call asks ``pace()`` before each piece of work its stream makes: the HTTP client's response
+hook before the SDK takes the response's head (``_budget``), the budget's byte stream before it
+hands the SDK each piece of the body it read, and the broker before it reads its next event.
+Within the current turn's budget (``TURN_SECONDS``) a call goes on at once; once the budget is
+spent it waits, in order of arrival, and each later loop iteration lets the next ``PER_TURN``
+waiting calls go on, each with a fresh budget for that turn. The loop's timers and other
+callbacks run between turns.
 
 A call alone (or a few, with events farther apart than the budget) never waits. Waiting delays a
-call's next read, never reorders or drops its events (each call relays its own events in
+call's next step, never reorders or drops its events (each call relays its own events in
 order); a call cancelled while it waits leaves its place to the next.
 """
 
