@@ -8,6 +8,7 @@ import os
 import pickle
 import ssl
 import threading
+from typing import Any
 
 import pytest
 
@@ -162,22 +163,34 @@ def _unexpected() -> FakeClient:
     raise AssertionError("the model built a second client for the same configuration")
 
 
-async def test_the_tls_context_is_built_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading the CA bundle takes tens of milliseconds: a first call does it in a thread."""
+async def test_the_tls_context_and_the_first_http_client_are_built_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loading the CA bundle, and the HTTP library's first client (it imports its transport),
+    take tens of milliseconds each: a first call does both in a thread."""
     monkeypatch.setattr(_sdk_http, "_context", None)
-    built_in: list[int] = []
-    real = _sdk_http.tls_context
+    monkeypatch.setattr(_sdk_http, "_ready", set())
+    built_in: dict[str, list[int]] = {"tls": [], "client": []}
+    real_context, real_client = _sdk_http.tls_context, _sdk_http.http_client
 
-    def recorded() -> ssl.SSLContext:
-        built_in.append(threading.get_ident())
-        return real()
+    def context() -> ssl.SSLContext:
+        built_in["tls"].append(threading.get_ident())
+        return real_context()
 
-    monkeypatch.setattr(_sdk_http, "tls_context", recorded)
+    def client(*args: Any, **kwargs: Any) -> Any:
+        built_in["client"].append(threading.get_ident())
+        return real_client(*args, **kwargs)
+
+    monkeypatch.setattr(_sdk_http, "tls_context", context)
+    monkeypatch.setattr(_sdk_http, "http_client", client)
     async with LoopbackServer([Reply(chunks=TEXT_STREAM)]) as server:
         model = OpenAIChatModel("m", base_url=server.url, timeout=HANG_GUARD)
         await collect(model.stream(HELLO))
         await model.aclose()
-    assert built_in and built_in[0] != threading.get_ident()
+    loop_thread = threading.get_ident()
+    assert built_in["tls"] and built_in["tls"][0] != loop_thread
+    assert built_in["client"] and built_in["client"][0] != loop_thread
+    assert built_in["client"][1:] == [loop_thread]  # the call's own client, on its loop
 
 
 async def test_a_lease_shares_a_client_among_at_most_calls_per_client_calls() -> None:

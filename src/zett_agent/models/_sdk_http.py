@@ -45,6 +45,7 @@ __all__ = [
     "PROXY_VARIABLES",
     "KeyedClient",
     "check_key",
+    "client_ready",
     "close_quietly",
     "http_client",
     "key_headers",
@@ -53,7 +54,6 @@ __all__ = [
     "sdk_client",
     "server_attributes",
     "tls_context",
-    "tls_context_ready",
 ]
 
 #: the key an SDK client is built with: each request puts the call's key in its place
@@ -104,14 +104,26 @@ def tls_context() -> ssl.SSLContext:
     return _context
 
 
-async def tls_context_ready() -> None:
-    """Build the process's TLS context off the event loop the first time (in a thread).
+async def client_ready(factory: Callable[..., Any]) -> None:
+    """Build the TLS context and a first HTTP client of ``factory`` off the event loop, once.
 
-    Loading a CA bundle takes tens of milliseconds, more on a busy machine: a brokering
-    parent's first call must not stall its loop for that. Raises what ``tls_context`` raises.
+    Loading a CA bundle takes tens of milliseconds, and the first client of an SDK's HTTP library
+    imports its transport (its connection pool, and what that imports) for as long again, more
+    on a busy machine: a brokering parent's first call must not stall its loop for either. Done in
+    a thread the first time per ``factory``; the client built there is dropped. Raises what
+    ``tls_context`` raises.
     """
-    if _context is None:
-        await asyncio.to_thread(tls_context)
+    if _context is None or factory not in _ready:
+        await asyncio.to_thread(_make_ready, factory)
+
+
+def _make_ready(factory: Callable[..., Any]) -> None:
+    http_client(factory, timeout=1.0, json_as_event=False)  # for what its building imports
+    _ready.add(factory)
+
+
+#: the HTTP client factories whose first client was built (``client_ready``)
+_ready: set[Callable[..., Any]] = set()
 
 
 def http_client(factory: Callable[..., Any], *, timeout: float, json_as_event: bool) -> Any:

@@ -42,10 +42,10 @@ from zett_agent.models._sdk_http import (
     PROXY_VARIABLES,
     KeyedClient,
     check_key,
+    client_ready,
     close_quietly,
     key_headers,
     post_stream,
-    tls_context_ready,
 )
 
 __all__ = ["SdkApi", "SdkModel", "note_answer"]
@@ -209,7 +209,7 @@ class SdkModel:
         deadline = asyncio.get_running_loop().time() + self.deadline
         stream: Any = None
         try:
-            await tls_context_ready()
+            await client_ready(sdk.DefaultAsyncHttpxClient)
             async with self._clients.lease(
                 self._client_config(), functools.partial(self._new_client, sdk)
             ) as client:
