@@ -26,10 +26,11 @@ import weakref
 
 __all__ = ["PER_TURN", "TURN_SECONDS", "pace"]
 
-#: the relaying one loop turn may do before the calls that come next wait for a later turn
-TURN_SECONDS = 0.002
+#: the work one loop turn may do before the calls that come next wait for a later turn: short,
+#: since a turn the scheduler interrupts is a stall of the loop as long as the interruption
+TURN_SECONDS = 0.0005
 #: the waiting calls a later turn lets go on
-PER_TURN = 8
+PER_TURN = 2
 
 
 class _Pacer:
