@@ -75,6 +75,15 @@ def thread_forking_sleepers(path: str) -> str:
     return "returned"
 
 
+def leave_a_thread(path: str, fail: bool) -> str:
+    """Leave a sleeping daemon thread behind, then return (or raise with ``fail``)."""
+    record(path)
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    if fail:
+        raise RuntimeError("failed, leaving a thread")
+    return "returned"
+
+
 def exit_with_status(path: str, status: int) -> None:
     """Fork a sleeper, then exit with ``status`` (90 was once the engine's "clean exit")."""
     record(path)

@@ -144,6 +144,32 @@ async def test_a_reused_worker_that_a_job_left_a_thread_in_is_retired(
         await all_dead(record)
 
 
+@pytest.mark.parametrize("fail", [False, True], ids=["result", "error"])
+async def test_a_worker_that_leaves_after_its_answer_gets_no_next_job(
+    fail: bool, containment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker says in its answer that it exits; the host's own check is not asked to see it.
+
+    A worker in the middle of exiting has lost its other threads and its children: for a
+    moment it reads as clean to any check from outside, and a host that reused it then lost
+    the next job to its exit (``WorkerCrashed``, exit code 0). That moment is made to last
+    here by the check reading clean throughout.
+    """
+    record = tmp_path / "thread"
+    async with ProcessPool(1, max_jobs_per_worker=5, containment=containment) as pool:
+        containment_of = engine_of(pool).containment
+        monkeypatch.setattr(containment_of, "is_clean", lambda tree: True)
+        async with asyncio.timeout(GUARD):
+            job = pool.submit(_attacks.leave_a_thread, str(record), fail)
+            if fail:
+                assert "failed, leaving a thread" in str(await outcome(job))
+            else:
+                assert await job == "returned"
+            first = int(record.read_text().split()[0])
+            assert await pool.submit(_jobs.getpid) != first
+        await all_dead(record)
+
+
 # -- an exit status the supervisor once took for "clean" -------------------------------------
 
 

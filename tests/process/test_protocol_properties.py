@@ -104,7 +104,7 @@ def round_trip(kind: str, value: Any, **sizes: int) -> tuple[Any, list[bytes]]:
             done = message
     assert done is not None and done.kind == kind
     if kind == "result":
-        assert done.usage == (0.5, 1024)
+        assert done.usage == (0.5, 1024, False)
     return done.value, frames
 
 

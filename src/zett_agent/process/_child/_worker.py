@@ -191,13 +191,22 @@ def _recv_frame(sock: socket.socket, buffer: bytearray) -> bytes | None:
 _RECV_SIZE = 1 << 16
 
 
-def _usage() -> dict[str, float]:
+def _usage(leaving: bool = False) -> dict[str, float]:
+    """The job's CPU seconds and peak memory, and whether this worker exits after its answer.
+
+    ``leaving`` (sent as ``"exit": true``) is for a worker told it may run another job that
+    will not (``_clean_up`` found what the job left): the host must not hand it a next job,
+    whatever its own check of the worker reads while the worker is exiting.
+    """
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {
+    usage = {
         "cpu": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
         "maxrss": max(me.ru_maxrss, kids.ru_maxrss) * 1024,
     }
+    if leaving:
+        usage["exit"] = True
+    return usage
 
 
 def _type_name(exc: BaseException) -> str:
@@ -462,13 +471,13 @@ def serve(
             # killed by the parent when its answer arrives)
             reusable = not last and _clean_up()
             try:
-                _channel.message("result", result, _usage())
+                _channel.message("result", result, _usage(not last and not reusable))
             except TypeError as exc:
                 raise TypeError(f"results must be {_JSON_HINT}: {exc}") from None
         except BaseException as exc:
             _flush_std_streams()
             reusable = not last and _clean_up()
-            _channel.error(exc, _usage())
+            _channel.error(exc, _usage(not last and not reusable))
         if not reusable:
             break
         if each_job:

@@ -93,7 +93,11 @@ class WorkerEvents(Reaper):
             self.protocol_error(worker, "a sandbox report from a running job")
             return
         assert message.usage is not None
-        cpu, peak = message.usage
+        cpu, peak, leaving = message.usage
+        if leaving:
+            # the worker found what its job left and exits after this answer: however clean
+            # it reads while exiting, it must not get another job
+            worker.last = True
         if kind == "result":
             self.answered(worker, JobStatus.COMPLETED, message.value, None, cpu, peak)
             return

@@ -48,19 +48,21 @@ class Message:
 
     kind: str
     value: Any = None
-    usage: tuple[float, int] | None = None
+    #: for a result or error: (CPU seconds, peak bytes, whether the worker exits after it)
+    usage: tuple[float, int, bool] | None = None
     #: for an error: (type name, message, traceback text)
     error: tuple[str, str, str] | None = None
     #: upper bound of the memory the value takes (counted against the job's budget)
     cost: int = 0
 
 
-def _usage(message: dict[str, Any]) -> tuple[float, int]:
+def _usage(message: dict[str, Any]) -> tuple[float, int, bool]:
     usage = message.get("u")
     if type(usage) is dict:
         cpu, peak = usage.get("cpu"), usage.get("maxrss")
         if type(cpu) is float and type(peak) is int and -_INF < cpu < _INF:
-            return cpu, peak  # what a worker sends, by exact types (no union to build)
+            # what a worker sends, by exact types (no union to build)
+            return cpu, peak, len(usage) > 2 and usage.get("exit") is True
     if not isinstance(usage, dict):
         raise FrameError(f"a {message['k']} without usage numbers")
     cpu, peak = usage.get("cpu"), usage.get("maxrss")
@@ -72,7 +74,7 @@ def _usage(message: dict[str, Any]) -> tuple[float, int]:
         or not isinstance(peak, int)
     ):
         raise FrameError(f"a {message['k']} with malformed usage numbers")
-    return float(cpu), peak
+    return float(cpu), peak, usage.get("exit") is True
 
 
 def _canonical_width(text: str) -> int:

@@ -46,8 +46,8 @@ class Relay:
         self.dropped = 0
         #: whether someone reads the events (then nothing is dropped: the stream waits)
         self.consumer = False
-        #: ``(value, (cpu seconds, peak bytes))`` once the result arrived
-        self.result: tuple[Any, tuple[float, int]] | None = None
+        #: ``(value, (cpu seconds, peak bytes, whether the worker exits))`` once it arrived
+        self.result: tuple[Any, tuple[float, int, bool]] | None = None
 
     @property
     def pending(self) -> bool:
