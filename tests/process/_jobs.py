@@ -228,6 +228,13 @@ def niceness() -> int:
     return os.nice(0)
 
 
+def slice_and_niceness() -> tuple[int | None, int]:
+    """The scheduler slice this process asked for (nanoseconds) and its niceness."""
+    from zett_agent.process import _linux
+
+    return _linux.requested_slice(), os.nice(0)
+
+
 def session_niceness() -> tuple[str, int]:
     """This process's autogroup (its session's, for the scheduler) and that group's niceness."""
     with open("/proc/self/autogroup") as file:

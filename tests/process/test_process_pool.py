@@ -21,6 +21,7 @@ from zett_agent.process import (
     ProcessError,
     ProcessLimits,
     ProcessPool,
+    _linux,
 )
 from zett_agent.process._host._pool import engine_of
 
@@ -338,6 +339,20 @@ async def test_workers_start_at_the_pools_niceness() -> None:
 
 
 _AUTOGROUPS = os.path.exists("/proc/self/autogroup")
+#: Linux 6.12's scheduler takes a slice a task asks for (``sched_attr.sched_runtime``)
+_CUSTOM_SLICES = tuple(int(part) for part in os.uname().release.split(".")[:2]) >= (6, 12)
+
+
+@pytest.mark.skipif(not _CUSTOM_SLICES, reason="a kernel older than 6.12 ignores custom slices")
+async def test_workers_ask_for_the_shortest_slice_at_the_pools_niceness() -> None:
+    """A host that wakes preempts a running worker only once that one has run its slice: the
+    workers ask for the kernel's shortest, 0.1 ms, keeping their niceness; the host keeps its."""
+    host_slice = _linux.requested_slice()
+    assert host_slice is not None and host_slice != _linux.SHORT_SLICE_NS
+    async with ProcessPool(1, nice=7) as pool:
+        worker = await pool.submit(_jobs.slice_and_niceness)
+    assert list(worker) == [_linux.SHORT_SLICE_NS, os.nice(0) + 7]
+    assert _linux.requested_slice() == host_slice
 
 
 async def test_a_pools_workers_share_its_session_each_in_a_process_group_of_its_own() -> None:

@@ -6,8 +6,9 @@ without ``CAP_SYS_ADMIN``, machine-wide (``EAGAIN``); every change, root's too, 
 tenth again. Here a helper of the test, as root in a session of its own, sets its own
 session's niceness every millisecond: while it does, no unprivileged launcher can nice its
 session. The host, Debian's world-readable interpreter run as uid 65534, starts a ``nice=5``
-pool then; its job sees the session still at 0. Once the helper stopped, the launcher's next
-try goes through and a second job sees 5.
+pool then; its job sees the session still at 0 (and, from Linux 6.12, the shortest scheduler
+slice, which its worker asked for without privilege). Once the helper stopped, the launcher's
+next try goes through and a second job sees 5.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ import psutil
 import pytest
 
 from support.world import INTERPRETER, SRC, host_world
+from zett_agent.process import _linux
 from zett_agent.process._sandbox import _caps
 
 GUARD = 60
+#: Linux 6.12's scheduler takes a slice a task asks for (``sched_attr.sched_runtime``)
+_CUSTOM_SLICES = tuple(int(part) for part in os.uname().release.split(".")[:2]) >= (6, 12)
 
 HOST = textwrap.dedent(
     r"""
@@ -35,7 +39,7 @@ HOST = textwrap.dedent(
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [os.path.join(here, "packages"), sys.argv[1]]
     import asyncio, json, time
-    from zett_agent.process import ProcessPool
+    from zett_agent.process import ProcessPool, _linux
 
     def session_niceness():
         with open("/proc/self/autogroup") as file:
@@ -50,7 +54,9 @@ HOST = textwrap.dedent(
 
     async def main():
         async with ProcessPool(1, nice=5) as pool:
-            print(json.dumps([os.getuid(), await pool.submit(session_niceness)]), flush=True)
+            niceness = await pool.submit(session_niceness)
+            slice_ns = await pool.submit(_linux.requested_slice)
+            print(json.dumps([os.getuid(), niceness, slice_ns]), flush=True)
             sys.stdin.readline()  # the test's helper let go of the kernel's rate limit
             print(json.dumps(await pool.submit(session_niceness_once_it_is, 5)), flush=True)
 
@@ -130,8 +136,10 @@ def test_an_unprivileged_pool_gets_its_niceness_once_the_kernel_lets_it(world: P
             )
         )
         stack.callback(_killed, host)
-        uid, held = json.loads(_line(host.stdout))
+        uid, held, slice_ns = json.loads(_line(host.stdout))
         assert uid == 65534
+        if _CUSTOM_SLICES:  # asked for without privilege, as root's workers do
+            assert slice_ns == _linux.SHORT_SLICE_NS
         assert held == 0  # refused for now: the helper keeps the kernel's tenth going
         assert holder.stdin is not None
         holder.stdin.close()
