@@ -143,14 +143,22 @@ def signal_tree(roots: Iterable[int], signum: int) -> set[int]:
 
 
 def _await_stopped(pids: Iterable[int]) -> None:
-    for pid in pids:
-        deadline = time.monotonic() + _STOP_WAIT
-        while (found := state(pid)) is not None and found[1] not in _FROZEN:
-            if time.monotonic() > deadline:
-                break
-            # the target needs a CPU to act on SIGSTOP and may be queued behind us: sleep
-            # (sched_yield does not reliably hand the CPU over)
-            time.sleep(0.0001)
+    """Wait until ``pids`` acted on their ``SIGSTOP``, at most ``_STOP_WAIT`` for all together.
+
+    One wait for the round, not one per process: a round of thousands of new members, each
+    waiting for a CPU, would otherwise take minutes (a tree growing on a loaded machine).
+    """
+    deadline = time.monotonic() + _STOP_WAIT
+    pending = list(pids)
+    while pending:
+        pending = [
+            pid for pid in pending if (found := state(pid)) is not None and found[1] not in _FROZEN
+        ]
+        if not pending or time.monotonic() > deadline:
+            return
+        # the targets need a CPU to act on SIGSTOP and may be queued behind us: sleep
+        # (sched_yield does not reliably hand the CPU over)
+        time.sleep(0.0001)
 
 
 def freeze_and_kill(
