@@ -103,6 +103,29 @@ async def test_a_growing_tree_is_killed_whole(
         assert len(recorded.splitlines()) >= 40
 
 
+async def test_closing_a_pool_kills_every_growing_tree_at_once(
+    containment: str, tmp_path: Path
+) -> None:
+    """Many trees killed together (more than the loop kills itself) are all dead at close."""
+    record = tmp_path / "trees"
+    pool = ProcessPool(12, containment=containment)
+    await pool.start()
+    try:
+        jobs = [pool.submit(_attacks.growing_tree, str(record), 9, 2) for _ in range(12)]
+        async with asyncio.timeout(GUARD):
+            for job in jobs:
+                assert await first_event(job) == "growing"
+        await grown(record, 120)
+    finally:
+        async with asyncio.timeout(GUARD):
+            await pool.close()
+    assert all(isinstance(job.exception(), ProcessError) for job in jobs)
+    assert survivors(record) == [], "alive when close() returned"
+    recorded = record.read_text()
+    await asyncio.sleep(0.3)
+    assert record.read_text() == recorded, "a process of a tree forked after the close"
+
+
 # -- processes outliving a finished job -------------------------------------------------------
 
 
