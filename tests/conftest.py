@@ -10,7 +10,6 @@ containment strategy of the process engine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +26,7 @@ from support.containment import CONTAINMENTS, problem
 # import ray (which reads it once)
 from support.ray_cluster import ray_cluster, ray_leak_guard
 from zett_agent.process import _linux
+from zett_agent.process._containment import _scan
 
 
 def pytest_asyncio_loop_factories(
@@ -68,6 +68,30 @@ def _describe_process(proc: psutil.Process) -> str:
 
 def _descendants() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
+
+
+def _kill_leftovers() -> None:
+    """Kill every process a failed test left, however fast it forks, and reap them.
+
+    So one failure does not cascade into the next tests (nor slow the machine): each tree is
+    frozen before it is killed, with this process still their subreaper, so nothing forked or
+    orphaned meanwhile can land outside it (it would be reparented to init and live on).
+    """
+    for _ in range(10):  # bounded: rounds only repeat while something was left to kill
+        roots = [child.pid for child in psutil.Process().children()]
+        if roots:
+            _scan.wait_dead(_scan.freeze_and_kill(roots))
+        reaped = False
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                break
+            reaped = True
+        if not roots and not reaped:
+            return
 
 
 @pytest.fixture
@@ -122,20 +146,16 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     fds_before = _open_fds()
     threads_before = {t.ident for t in threading.enumerate()}
+    leftover: list[psutil.Process] = []
     _linux.set_child_subreaper(True)
     try:
         yield
+        leftover = _descendants()
+        described = [_describe_process(p) for p in leftover]
+        if leftover:
+            _kill_leftovers()
     finally:
         _linux.set_child_subreaper(False)
-    leftover = _descendants()
-    # Processes left behind are killed so one failure does not cascade into the next tests.
-    described = [_describe_process(p) for p in leftover]
-    for proc in leftover:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    for proc in leftover:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(proc.pid, 0)
     assert not leftover, f"test left processes behind: {described}"
     threads_after = [t for t in threading.enumerate() if t.ident not in threads_before]
     # A thread that has done its work may still be on its way out (asyncio's waitpid thread
