@@ -124,6 +124,9 @@ async def test_closing_a_pool_kills_every_growing_tree_at_once(
     recorded = record.read_text()
     await asyncio.sleep(0.3)
     assert record.read_text() == recorded, "a process of a tree forked after the close"
+    # members that died after their launcher exited were reparented here (the test process is
+    # their subreaper): dead, but this process must reap them (PID 1's job on a real machine)
+    reap_adopted()
 
 
 # -- processes outliving a finished job -------------------------------------------------------
