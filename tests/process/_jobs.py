@@ -235,6 +235,13 @@ def slice_and_niceness() -> tuple[int | None, int]:
     return _linux.requested_slice(), os.nice(0)
 
 
+def launcher_slice() -> int | None:
+    """The scheduler slice this worker's launcher (its parent) asked for (nanoseconds)."""
+    from zett_agent.process import _linux
+
+    return _linux.requested_slice(os.getppid())
+
+
 def session_niceness() -> tuple[str, int]:
     """This process's autogroup (its session's, for the scheduler) and that group's niceness."""
     with open("/proc/self/autogroup") as file:

@@ -346,12 +346,15 @@ _CUSTOM_SLICES = tuple(int(part) for part in os.uname().release.split(".")[:2]) 
 @pytest.mark.skipif(not _CUSTOM_SLICES, reason="a kernel older than 6.12 ignores custom slices")
 async def test_workers_ask_for_the_shortest_slice_at_the_pools_niceness() -> None:
     """A host that wakes preempts a running worker only once that one has run its slice: the
-    workers ask for the kernel's shortest, 0.1 ms, keeping their niceness; the host keeps its."""
+    workers ask for the kernel's shortest, 0.1 ms, keeping their niceness; the host keeps its,
+    and so does the launcher (woken by the host's every request, it would preempt the host)."""
     host_slice = _linux.requested_slice()
     assert host_slice is not None and host_slice != _linux.SHORT_SLICE_NS
     async with ProcessPool(1, nice=7) as pool:
         worker = await pool.submit(_jobs.slice_and_niceness)
+        launcher = await pool.submit(_jobs.launcher_slice)
     assert list(worker) == [_linux.SHORT_SLICE_NS, os.nice(0) + 7]
+    assert launcher == host_slice
     assert _linux.requested_slice() == host_slice
 
 

@@ -110,22 +110,22 @@ _FAIR = (0, 3)
 SHORT_SLICE_NS = 100_000
 
 
-def _sched_attr() -> tuple[int, ...] | None:
-    """This process's ``struct sched_attr`` (its first version's fields), or ``None``."""
+def _sched_attr(pid: int = 0) -> tuple[int, ...] | None:
+    """``pid``'s ``struct sched_attr`` (its first version's fields), or ``None``; 0: this one."""
     if _SCHED_CALLS is None:
         return None
     attr = ctypes.create_string_buffer(_SCHED_ATTR.size)
-    if libc.syscall(_SCHED_CALLS[0], 0, attr, _SCHED_ATTR.size, 0) != 0:
+    if libc.syscall(_SCHED_CALLS[0], pid, attr, _SCHED_ATTR.size, 0) != 0:
         return None
     return _SCHED_ATTR.unpack(attr.raw)
 
 
-def requested_slice() -> int | None:
-    """The slice this process asked the scheduler for, in nanoseconds, or ``None``.
+def requested_slice(pid: int = 0) -> int | None:
+    """The slice ``pid`` (0: this process) asked the scheduler for, in nanoseconds, or ``None``.
 
     The default slice's length when it did not ask; ``None`` where it cannot be read.
     """
-    attr = _sched_attr()
+    attr = _sched_attr(pid)
     return None if attr is None else attr[5]
 
 

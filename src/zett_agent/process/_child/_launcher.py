@@ -249,6 +249,10 @@ class _Launcher:
                 host_end.close()
                 if self.nice:
                     os.nice(self.nice)
+                # a host that wakes up preempts a busy worker within 0.1 ms (Linux 6.12). The
+                # worker's own, not the launcher's: a launcher with it preempted the host at
+                # every request it sent (a fork after each answer of a one-job worker)
+                _linux.request_short_slice()
                 self._forget_in_child()
                 from . import _worker
 
@@ -473,9 +477,6 @@ def main() -> None:
     _linux.set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != host_pid:
         return  # the host died before we could watch it
-    # every worker forked from here inherits it: a host that wakes up preempts a busy worker
-    # within 0.1 ms (Linux 6.12)
-    _linux.request_short_slice()
     try:
         scoping = _landlock.worker_scoping(landlock_cap, scope_workers)
     except OSError as exc:
