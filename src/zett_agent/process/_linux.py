@@ -129,8 +129,8 @@ def requested_slice(pid: int = 0) -> int | None:
     return None if attr is None else attr[5]
 
 
-def request_short_slice() -> bool:
-    """Ask the scheduler for the shortest slice for this process, keeping all else; whether taken.
+def request_short_slice(pid: int = 0) -> bool:
+    """Ask for the shortest slice for ``pid`` (0: this process), keeping all else; whether taken.
 
     Linux 6.12's scheduler (EEVDF) lets a task ask for the length of its slice
     (``sched_attr.sched_runtime``). A task waking up, the host's event loop for one, preempts a
@@ -139,11 +139,11 @@ def request_short_slice() -> bool:
     1.4 ms read back on two cores) yields its CPU to a waking host sooner. The share of CPU
     each gets is unchanged (it is their weights), and tasks that contend for a CPU still take
     turns at the scheduler's tick. Applies to the normal and the batch policies only, with the
-    niceness and flags the process has; needs no privilege. An older kernel takes the call and
-    ignores the slice; an unknown machine, or any refusal, leaves the process as it was
-    (``False``).
+    niceness and flags the process has; needs no privilege for a process of the same user. An
+    older kernel takes the call and ignores the slice; an unknown machine, or any refusal,
+    leaves the process as it was (``False``).
     """
-    attr = _sched_attr()
+    attr = _sched_attr(pid)
     if _SCHED_CALLS is None or attr is None:
         return False
     _, policy, flags, nice, priority, _, deadline, period = attr
@@ -152,7 +152,7 @@ def request_short_slice() -> bool:
     wanted = _SCHED_ATTR.pack(
         _SCHED_ATTR.size, policy, flags, nice, priority, SHORT_SLICE_NS, deadline, period
     )
-    done: int = libc.syscall(_SCHED_CALLS[1], 0, ctypes.create_string_buffer(wanted), 0)
+    done: int = libc.syscall(_SCHED_CALLS[1], pid, ctypes.create_string_buffer(wanted), 0)
     return done == 0
 
 

@@ -92,7 +92,7 @@ class _Launcher:
         #: the Landlock ABI each worker scopes itself with (0: none)
         self.scope = int(self.scoping["abi"]) if self.scoping["scoped"] else 0
         self.max_frame_bytes = max_frame_bytes
-        #: added to each worker's niceness as it is forked, before it runs anything
+        #: added to each worker's niceness as it is forked, before it can get a job
         self.nice = nice
         #: the pool's cgroup paths under cgroup containment (``launcher``, ``workers``, ``pool``,
         #: ``home``: the host's own cgroup), empty under scan containment
@@ -247,12 +247,6 @@ class _Launcher:
             code = 70
             try:
                 host_end.close()
-                if self.nice:
-                    os.nice(self.nice)
-                # a host that wakes up preempts a busy worker within 0.1 ms (Linux 6.12). The
-                # worker's own, not the launcher's: a launcher with it preempted the host at
-                # every request it sent (a fork after each answer of a one-job worker)
-                _linux.request_short_slice()
                 self._forget_in_child()
                 from . import _worker
 
@@ -279,6 +273,7 @@ class _Launcher:
             if cgroup is not None:
                 # before anyone can give it a job: from here on, all it starts stays inside
                 _cgroup.write(f"{cgroup}/cgroup.procs", str(pid))
+            self._schedule(pid)
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
             host_end.close()
@@ -294,12 +289,29 @@ class _Launcher:
             host_end.close()
             os.close(pidfd)
 
+    def _schedule(self, pid: int) -> None:
+        """The worker's niceness (the pool's ``nice`` on top of the launcher's) and slice.
+
+        Set from here, before the host can give it a job: in the worker, the calls (``ctypes``
+        for the slice) wrote to pages it shares with the launcher, a fifth of what a fresh
+        worker copied before its first job. A host that wakes up preempts a busy worker within
+        0.1 ms (Linux 6.12); the launcher keeps the default slice, as the host wakes it with
+        every request (a fork after each answer of a one-job worker), and a task with a shorter
+        slice than the running one preempts it when it wakes.
+        """
+        if self.nice:
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            os.setpriority(os.PRIO_PROCESS, pid, min(19, own + self.nice))
+        _linux.request_short_slice(pid)
+
     def _forget_in_child(self) -> None:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        self.selector.close()
+        # its descriptor only: the selector's own state is the launcher's, and clearing it
+        # would copy the pages that hold it
+        os.close(self.selector.fileno())
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.ctrl.close()
