@@ -17,7 +17,8 @@ What is measured (all on 2 workers):
 - cancel -> dead: from the cancel call until the worker process is gone (pidfd readable);
 - cancel -> next: from the cancel call until a following no-op job returned;
 - throughput: no-op jobs per second with all of them submitted at once, next to this
-  machine's raw fork-and-exit rate (a bare interpreter forking and reaping in a loop);
+  machine's raw fork-and-exit rate (a bare interpreter forking and reaping in a loop, and
+  one that imported what a pool's launcher imports: "launcher-like");
 - parallel CPU: wall time of 2 CPU-bound jobs in parallel / the same run sequentially;
 - loop stall: p99 of one event-loop iteration while 200 jobs start, emit 20 events each, end;
 - large result: MB/s of a 32 MiB string result, next to a raw pipe moving the same bytes;
@@ -271,6 +272,14 @@ def raw_pipe_rate(quick: bool) -> float:
         os.close(data_r)
         os.waitpid(pid, 0)
     return max(rates)
+
+
+#: what a pool's launcher imports before its first fork (without a ``preload``), then freezes
+LAUNCHER_IMPORTS = (
+    "import gc, cloudpickle, zett_agent.process._child._launcher, "
+    "zett_agent.process._child._worker, zett_agent.process._pickled_call\n"
+    "gc.collect()\ngc.freeze()"
+)
 
 
 def fork_rate(quick: bool, imports: str = "") -> float:
@@ -827,7 +836,9 @@ def main() -> None:
     extra = asyncio.run(_ours_extra(quick))
     pipe = raw_pipe_rate(quick)
     forks = fork_rate(quick)
-    warm_forks = fork_rate(quick, "import gc, zett_agent.process; gc.freeze()")
+    # what a pool's launcher imports before it forks (``zett_agent.process`` alone loads its
+    # names lazily: it would be the bare interpreter again)
+    warm_forks = fork_rate(quick, LAUNCHER_IMPORTS)
     ours = results["zett (fresh)"]
 
     def row(name: str, cells: list[str]) -> None:
