@@ -235,6 +235,14 @@ def slice_and_niceness() -> tuple[int | None, int]:
     return _linux.requested_slice(), os.nice(0)
 
 
+def launcher_threads_and_cgroup() -> tuple[int, str]:
+    """How many threads this worker's launcher (its parent) has, and its cgroup v2 path."""
+    launcher = os.getppid()
+    with open(f"/proc/{launcher}/cgroup") as f:
+        path = next(line[3:].strip() for line in f if line.startswith("0::"))
+    return len(os.listdir(f"/proc/{launcher}/task")), path
+
+
 def launcher_slice() -> int | None:
     """The scheduler slice this worker's launcher (its parent) asked for (nanoseconds)."""
     from zett_agent.process import _linux

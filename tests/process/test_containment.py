@@ -445,6 +445,23 @@ async def test_the_loop_never_takes_the_cgroup_mutex_to_kill_or_remove(
     assert all(thread != loop_thread for _, thread in calls), calls
 
 
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="needs cgroup containment")
+@pytest.mark.parametrize("preload", [(), ("json", "email.parser")], ids=["bare", "preloaded"])
+async def test_the_launcher_forks_single_threaded_from_its_own_cgroup(
+    preload: tuple[str, ...],
+) -> None:
+    """The launcher moves into its cgroup from a thread while it imports (the kernel's move
+    waits for an RCU grace period); the thread has ended and the move is done before the
+    first fork, whatever it imported meanwhile."""
+    async with ProcessPool(2, containment="cgroup", preload=preload) as pool:
+        answers = await asyncio.gather(
+            *(pool.submit(_jobs.launcher_threads_and_cgroup) for _ in range(3))
+        )
+    for threads, cgroup in answers:
+        assert threads == 1
+        assert cgroup.endswith("/launcher"), cgroup
+
+
 @pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="no cgroup containment here")
 async def test_looking_whether_cgroups_work_leaves_nothing() -> None:
     host, _ = _cgroup._base()

@@ -67,6 +67,9 @@ __all__ = ["main"]
 #: longest time the launcher spends killing and reaping at shutdown
 _SHUTDOWN_LIMIT = 5.0
 
+#: how often the launcher moves itself into its own cgroup again while it starts (``_Move``)
+_KEEP_MOVING = 0.01
+
 
 #: how soon to ask again when the kernel refused the session's niceness for now (it takes one
 #: change a tenth of a second from an unprivileged account)
@@ -431,6 +434,46 @@ class _Launcher:
             os.rmdir(os.path.dirname(pool))  # the shared cgroup, once no pool is left in it
 
 
+class _Move:
+    """The launcher's move into its cgroup, made by a thread while the main thread imports.
+
+    Moving a process between cgroups takes a lock of the kernel's (``cgroup.procs``) that waits
+    for an RCU grace period when no move happened in the last tens of milliseconds: 6 to 30 ms
+    here, paid twice at the pool's start (the launcher's move, then its first worker's, after
+    the imports). The thread moves the launcher beside the imports and moves it again (to
+    where it is) every ``_KEEP_MOVING`` seconds until ``wait``: the first worker's move then
+    finds the lock just used and takes a tenth of a millisecond. The thread has ended when
+    ``wait`` returns, before anything forks: the launcher forks every worker and must be
+    single-threaded then.
+    """
+
+    def __init__(self, procs: str) -> None:
+        import threading
+
+        self.error: OSError | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._move, args=(procs,), name="zett-move")
+        self.thread.start()
+
+    def _move(self, procs: str) -> None:
+        try:
+            _cgroup.write(procs, "0")  # "0": the writer's process, every thread of it
+            while not self.done.wait(_KEEP_MOVING):
+                _cgroup.write(procs, "0")
+        except OSError as exc:
+            self.error = exc
+
+    def join(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def wait(self) -> None:
+        """Wait for the move and end the thread; raise what the move raised."""
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _resolve(name: str) -> Any:
     """The function ``"module:function"`` names (the pool's ``warm_up``)."""
     module, _, attribute = name.partition(":")
@@ -494,9 +537,8 @@ def main() -> None:
     except OSError as exc:
         scoping = {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": f"not looked at: {exc}"}
     launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice, scoping)
+    moving = _Move(f"{cgroups['launcher']}/cgroup.procs") if "launcher" in cgroups else None
     try:
-        if "launcher" in cgroups:
-            _cgroup.write(f"{cgroups['launcher']}/cgroup.procs", "0")
         for name in preload:
             importlib.import_module(name)
         import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
@@ -504,11 +546,16 @@ def main() -> None:
         from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
         from . import _worker  # noqa: F401 - every worker runs it: imported once, here
 
+        if moving is not None:
+            moving.wait()
         if warm_up:
             _rehearse(_resolve(warm_up))
     except BaseException as exc:
         launcher.send({"op": "hello", "error": f"{type(exc).__name__}: {exc}"})
         return
+    finally:
+        if moving is not None:
+            moving.join()
     # objects created so far are shared with every worker; keep the GC from touching them
     gc.collect()
     gc.freeze()
