@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import os
+import resource
 import select
 import statistics
 import subprocess
@@ -632,6 +633,82 @@ def siblings_table(quick: bool) -> None:
     print("  target (issue 34): p99 <= 5 ms whatever else the pool runs")
 
 
+def _cpu_seconds(usage: Any) -> float:
+    return float(usage.ru_utime + usage.ru_stime)
+
+
+def _proc_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` itself and of its reaped children, from ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+async def _gapped(reuse: bool, gap: float, n: int) -> list[float]:
+    """Sequential no-op jobs ``gap`` seconds apart (fresh: each to a spare that is ready)."""
+    jobs_per_worker = 1_000_000 if reuse else 1
+    async with ProcessPool(WORKERS, max_jobs_per_worker=jobs_per_worker, preload=JOBS) as pool:
+        for _ in range(20):
+            await pool.submit(noop)
+        lat = []
+        for _ in range(n):
+            await asyncio.sleep(gap)
+            t = time.perf_counter()
+            await pool.submit(noop)
+            lat.append(time.perf_counter() - t)
+        return lat
+
+
+async def _fresh_cpu(count: int, containment: str) -> dict[str, float]:
+    """Fresh no-op jobs submitted at once: the rate, and each process's CPU per job."""
+    async with ProcessPool(WORKERS, containment=containment, preload=JOBS) as pool:
+        await asyncio.gather(*(pool.submit(noop) for _ in range(50)))
+        launcher = engine_of(pool).launcher
+        assert launcher is not None
+        before = _proc_cpu(launcher.pid), _cpu_seconds(resource.getrusage(resource.RUSAGE_SELF))
+        t = time.perf_counter()
+        await asyncio.gather(*(pool.submit(noop) for _ in range(count)))
+        wall = time.perf_counter() - t
+        after = _proc_cpu(launcher.pid), _cpu_seconds(resource.getrusage(resource.RUSAGE_SELF))
+    return {
+        "rate": count / wall,
+        "host": (after[1] - before[1]) / count,
+        "launcher": (after[0][0] - before[0][0]) / count,
+        "workers": (after[0][1] - before[0][1]) / count,
+    }
+
+
+def fresh_table(quick: bool) -> None:
+    """Where a fresh job's time goes: the dispatch to a ready spare at several gaps beside a
+    reused worker's at the same gaps (an idle CPU of a virtual machine wakes slowly), and the
+    CPU each process spends per fresh job (what bounds fresh throughput)."""
+    n = 60 if quick else 200
+    gaps = (0.0, 0.005, 0.02)
+    print(f"\nsequential no-op jobs, each after a pause, p50 (ms), {n} each, {os.cpu_count()} CPUs")
+    print(f"  {'pause':<18}" + "".join(f"{f'{gap * 1000:.0f} ms':>12}" for gap in gaps))
+    for name, reuse in (("reused worker", True), ("fresh: ready spare", False)):
+        cells = [ms(pct(asyncio.run(_gapped(reuse, gap, n)), 0.5)) for gap in gaps]
+        print(f"  {name:<18}" + "".join(f"{cell:>12}" for cell in cells))
+    print("  target (issue 34): a fresh job to an idle spare <= 0.5 ms at p50")
+    count = 500 if quick else 2000
+    warm = fork_rate(quick, LAUNCHER_IMPORTS)
+    print(f"\nfresh no-op jobs submitted at once ({count}): CPU per job (ms)")
+    header = ("jobs/s", "host", "launcher", "workers", "ratio")
+    print(f"  {'containment':<12}" + "".join(f"{cell:>10}" for cell in header))
+    for containment in ("cgroup", "scan"):
+        got = asyncio.run(_fresh_cpu(count, containment))
+        print(
+            f"  {containment:<12}{got['rate']:>10.0f}{got['host'] * 1e3:>10.3f}"
+            f"{got['launcher'] * 1e3:>10.3f}{got['workers'] * 1e3:>10.3f}"
+            f"{got['rate'] / warm:>10.2f}"
+        )
+    print(
+        f"  ratio: jobs/s / the launcher-like fork-and-exit rate ({warm:.0f}/s); workers: the "
+        "reaped workers' own CPU; target (issue 34): ratio >= 0.8"
+    )
+
+
 def sandbox_table(quick: bool) -> None:
     n = 50 if quick else 300
     print(f"\nwhat a Sandbox adds to one no-op job (ms), {n} of each, {os.cpu_count()} CPUs")
@@ -794,9 +871,15 @@ def main() -> None:
     parser.add_argument(
         "--siblings", action="store_true", help="only cancel -> gone beside other jobs"
     )
+    parser.add_argument(
+        "--fresh", action="store_true", help="only where a fresh job's time and CPU go"
+    )
     args = parser.parse_args()
     if args.siblings:
         siblings_table(args.quick)
+        return
+    if args.fresh:
+        fresh_table(args.quick)
         return
     if args.sandbox:
         sandbox_table(args.quick)
