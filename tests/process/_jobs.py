@@ -243,6 +243,14 @@ def launcher_threads_and_cgroup() -> tuple[int, str]:
     return len(os.listdir(f"/proc/{launcher}/task")), path
 
 
+def started_at_import(module: str) -> tuple[int, str]:
+    """The pid of the process ``module`` started as the launcher imported it, and its cgroup."""
+    pid = int(sys.modules[module].HELPER_PID)
+    with open(f"/proc/{pid}/cgroup") as f:
+        path = next(line[3:].strip() for line in f if line.startswith("0::"))
+    return pid, path
+
+
 def launcher_slice() -> int | None:
     """The scheduler slice this worker's launcher (its parent) asked for (nanoseconds)."""
     from zett_agent.process import _linux

@@ -462,6 +462,36 @@ async def test_the_launcher_forks_single_threaded_from_its_own_cgroup(
         assert cgroup.endswith("/launcher"), cgroup
 
 
+#: a preloaded module that starts a process as it is imported (in the pool's launcher)
+SPAWNER = """
+import subprocess
+HELPER_PID = subprocess.Popen(["sleep", "1000"]).pid
+"""
+
+
+@pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="needs cgroup containment")
+async def test_a_process_a_preloaded_module_starts_is_in_the_pools_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's move into its cgroup runs beside the engine's own imports, but is done
+    before any preloaded module runs: what one starts as it is imported is in the pool's cgroup
+    and dies with the pool."""
+    (tmp_path / "zett_test_spawner.py").write_text(SPAWNER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    async with ProcessPool(1, containment="cgroup", preload=["zett_test_spawner"]) as pool:
+        pid, cgroup = await pool.submit(_jobs.started_at_import, "zett_test_spawner")
+        assert cgroup.endswith("/launcher"), cgroup
+        pidfd = os.pidfd_open(pid)
+    loop = asyncio.get_running_loop()
+    dead: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(pidfd, lambda: dead.done() or dead.set_result(None))
+    try:
+        await asyncio.wait_for(dead, GUARD)  # the pidfd is readable once the helper died
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
 @pytest.mark.skipif(_cgroup.cgroup_problem() is not None, reason="no cgroup containment here")
 async def test_looking_whether_cgroups_work_leaves_nothing() -> None:
     host, _ = _cgroup._base()

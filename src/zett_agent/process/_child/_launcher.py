@@ -441,16 +441,18 @@ class _Move:
     Moving a process between cgroups takes a lock of the kernel's (``cgroup.procs``) that waits
     for an RCU grace period when no move happened in the last tens of milliseconds: 6 to 30 ms
     here, paid twice at the pool's start (the launcher's move, then its first worker's, after
-    the imports). The thread moves the launcher beside the imports and moves it again (to
-    where it is) every ``_KEEP_MOVING`` seconds until ``wait``: the first worker's move then
-    finds the lock just used and takes a tenth of a millisecond. The thread has ended when
-    ``wait`` returns, before anything forks: the launcher forks every worker and must be
-    single-threaded then.
+    the imports). The thread moves the launcher beside the engine's own imports (``moved``
+    waits for that first move before a preloaded module runs: a process one starts as it is
+    imported is in the pool's cgroup, killed with it), then moves it again (to where it is)
+    every ``_KEEP_MOVING`` seconds until ``join``: the first worker's move then finds the lock
+    just used and takes a tenth of a millisecond. The thread has ended when ``join`` returns,
+    before the launcher forks: it forks every worker and must be single-threaded then.
     """
 
     def __init__(self, procs: str) -> None:
         self.error: OSError | None = None
         self.tid = 0  # the thread's id, once it runs
+        self.first = threading.Event()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._move, args=(procs,), name="zett-move")
         self.thread.start()
@@ -459,10 +461,21 @@ class _Move:
         self.tid = threading.get_native_id()
         try:
             _cgroup.write(procs, "0")  # "0": the writer's process, every thread of it
-            while not self.done.wait(_KEEP_MOVING):
-                _cgroup.write(procs, "0")
         except OSError as exc:
             self.error = exc
+            return
+        finally:
+            self.first.set()
+        # only to keep the kernel's move path warm: a refusal now changes nothing
+        with contextlib.suppress(OSError):
+            while not self.done.wait(_KEEP_MOVING):
+                _cgroup.write(procs, "0")
+
+    def moved(self) -> None:
+        """Wait for the first move; raise what it raised."""
+        self.first.wait()
+        if self.error is not None:
+            raise self.error
 
     def join(self) -> None:
         """End the thread, and wait until the kernel has let it go.
@@ -477,12 +490,6 @@ class _Move:
         deadline = time.monotonic() + 1.0
         while os.path.exists(task) and time.monotonic() < deadline:
             time.sleep(0.0001)
-
-    def wait(self) -> None:
-        """Wait for the move and end the thread; raise what the move raised."""
-        self.join()
-        if self.error is not None:
-            raise self.error
 
 
 def _resolve(name: str) -> Any:
@@ -550,15 +557,17 @@ def main() -> None:
     launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice, scoping)
     moving = _Move(f"{cgroups['launcher']}/cgroup.procs") if "launcher" in cgroups else None
     try:
-        for name in preload:
-            importlib.import_module(name)
         import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
 
         from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
         from . import _worker  # noqa: F401 - every worker runs it: imported once, here
 
         if moving is not None:
-            moving.wait()
+            moving.moved()  # before any preloaded module runs (see ``_Move``)
+        for name in preload:
+            importlib.import_module(name)
+        if moving is not None:
+            moving.join()  # before the warm-up (it counts threads) and any fork
         if warm_up:
             _rehearse(_resolve(warm_up))
     except BaseException as exc:
@@ -566,7 +575,7 @@ def main() -> None:
         return
     finally:
         if moving is not None:
-            moving.join()
+            moving.join()  # (again, at once, when it was joined above)
     # objects created so far are shared with every worker; keep the GC from touching them.
     # No collection first: it took 4 to 8 ms of the pool's start, and the holes it left in
     # pages every worker shares were filled by each worker's first allocations, copied (an
