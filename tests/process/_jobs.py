@@ -235,20 +235,22 @@ def slice_and_niceness() -> tuple[int | None, int]:
     return _linux.requested_slice(), os.nice(0)
 
 
+def _cgroup_of(pid: int) -> str:
+    """``pid``'s cgroup v2 path."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        return next(line[3:].strip() for line in f if line.startswith("0::"))
+
+
 def launcher_threads_and_cgroup() -> tuple[int, str]:
     """How many threads this worker's launcher (its parent) has, and its cgroup v2 path."""
     launcher = os.getppid()
-    with open(f"/proc/{launcher}/cgroup") as f:
-        path = next(line[3:].strip() for line in f if line.startswith("0::"))
-    return len(os.listdir(f"/proc/{launcher}/task")), path
+    return len(os.listdir(f"/proc/{launcher}/task")), _cgroup_of(launcher)
 
 
 def started_at_import(module: str) -> tuple[int, str]:
     """The pid of the process ``module`` started as the launcher imported it, and its cgroup."""
     pid = int(sys.modules[module].HELPER_PID)
-    with open(f"/proc/{pid}/cgroup") as f:
-        path = next(line[3:].strip() for line in f if line.startswith("0::"))
-    return pid, path
+    return pid, _cgroup_of(pid)
 
 
 def launcher_slice() -> int | None:
