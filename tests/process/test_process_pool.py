@@ -345,12 +345,19 @@ _CUSTOM_SLICES = tuple(int(part) for part in os.uname().release.split(".")[:2]) 
 
 @pytest.mark.skipif(not _CUSTOM_SLICES, reason="a kernel older than 6.12 ignores custom slices")
 async def test_workers_ask_for_the_shortest_slice_at_the_pools_niceness() -> None:
-    """A host that wakes preempts a running worker only once that one has run its slice: the
-    workers ask for the kernel's shortest, 0.1 ms, keeping their niceness; the host keeps its,
-    and so does the launcher (woken by the host's every request, it would preempt the host)."""
+    """A host that wakes preempts a running worker only once that one has run its slice: a
+    worker asks for the kernel's shortest, 0.1 ms, at its first job, keeping its niceness. Not
+    before: a task that wakes with a shorter slice than the running one preempts it, so an idle
+    spare that had it would take the host's CPU the moment the host hands it a job. The host
+    keeps its slice, and so does the launcher (woken by the host's every request)."""
     host_slice = _linux.requested_slice()
     assert host_slice is not None and host_slice != _linux.SHORT_SLICE_NS
-    async with ProcessPool(1, nice=7) as pool:
+    async with ProcessPool(1, spare_workers=1, nice=7) as pool:
+        async with asyncio.timeout(GUARD):
+            while not engine_of(pool).idle:
+                await first_worker_message(pool)
+        spare = engine_of(pool).idle[0].pid
+        assert _linux.requested_slice(spare) == host_slice
         worker = await pool.submit(_jobs.slice_and_niceness)
         launcher = await pool.submit(_jobs.launcher_slice)
     assert list(worker) == [_linux.SHORT_SLICE_NS, os.nice(0) + 7]

@@ -19,10 +19,11 @@ __all__ = [
     "linux_problem",
     "nice_own_session",
     "prctl",
-    "request_short_slice",
     "requested_slice",
     "set_child_subreaper",
     "set_parent_death_signal",
+    "short_slice_request",
+    "take_slice",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -129,8 +130,8 @@ def requested_slice(pid: int = 0) -> int | None:
     return None if attr is None else attr[5]
 
 
-def request_short_slice(pid: int = 0) -> bool:
-    """Ask for the shortest slice for ``pid`` (0: this process), keeping all else; whether taken.
+def short_slice_request(nice: int) -> ctypes.Array[ctypes.c_char] | None:
+    """A request for the shortest slice at niceness ``nice``, for ``take_slice``; or ``None``.
 
     Linux 6.12's scheduler (EEVDF) lets a task ask for the length of its slice
     (``sched_attr.sched_runtime``). A task waking up, the host's event loop for one, preempts a
@@ -138,21 +139,32 @@ def request_short_slice(pid: int = 0) -> bool:
     least) instead of the default (0.75 ms times one plus the log2 of the CPUs, at most 3 ms:
     1.4 ms read back on two cores) yields its CPU to a waking host sooner. The share of CPU
     each gets is unchanged (it is their weights), and tasks that contend for a CPU still take
-    turns at the scheduler's tick. Applies to the normal and the batch policies only, with the
-    niceness and flags the process has; needs no privilege for a process of the same user. An
-    older kernel takes the call and ignores the slice; an unknown machine, or any refusal,
-    leaves the process as it was (``False``).
+    turns at the scheduler's tick. Applies to the normal and the batch policies only, with
+    this process's policy and flags; needs no privilege for a process of the same user. An
+    older kernel takes the call and ignores the slice. ``None`` on an unknown machine, or for a
+    real-time or idle policy (the host's choice, left as it is).
+
+    Made here (the launcher) and taken by each worker itself, at its first job: a task that
+    wakes with a shorter slice than the running one preempts it, so a spare that had it would
+    take the host's CPU the moment the host hands it a job, and the host would wait through the
+    job's start (and a one-job worker's whole job and exit) before it reads the answer.
     """
-    attr = _sched_attr(pid)
+    attr = _sched_attr(0)
     if _SCHED_CALLS is None or attr is None:
-        return False
-    _, policy, flags, nice, priority, _, deadline, period = attr
+        return None
+    _, policy, flags, _, priority, _, deadline, period = attr
     if policy not in _FAIR:
-        return False  # a real-time or idle policy is the host's choice: left as it is
+        return None
     wanted = _SCHED_ATTR.pack(
         _SCHED_ATTR.size, policy, flags, nice, priority, SHORT_SLICE_NS, deadline, period
     )
-    done: int = libc.syscall(_SCHED_CALLS[1], pid, ctypes.create_string_buffer(wanted), 0)
+    return ctypes.create_string_buffer(wanted)
+
+
+def take_slice(request: ctypes.Array[ctypes.c_char]) -> bool:
+    """Make ``short_slice_request``'s request for this process; whether the kernel took it."""
+    assert _SCHED_CALLS is not None
+    done: int = libc.syscall(_SCHED_CALLS[1], 0, request, 0)
     return done == 0
 
 

@@ -293,20 +293,21 @@ class _Launcher:
             host_end.close()
             os.close(pidfd)
 
-    def _schedule(self, pid: int) -> None:
-        """The worker's niceness (the pool's ``nice`` on top of the launcher's) and slice.
+    def worker_nice(self) -> int:
+        """A worker's niceness: the pool's ``nice`` on top of the launcher's."""
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        return min(19, own + self.nice) if self.nice else own
 
-        Set from here, before the host can give it a job: in the worker, the calls (``ctypes``
-        for the slice) wrote to pages it shares with the launcher, a fifth of what a fresh
-        worker copied before its first job. A host that wakes up preempts a busy worker within
-        0.1 ms (Linux 6.12); the launcher keeps the default slice, as the host wakes it with
-        every request (a fork after each answer of a one-job worker), and a task with a shorter
-        slice than the running one preempts it when it wakes.
+    def _schedule(self, pid: int) -> None:
+        """The worker's niceness, set from here before the host can give it a job.
+
+        Its slice it asks for itself, at its first job (``_worker.slice_request``): a spare
+        asking for the shortest while idle would preempt the host when the host wakes it with
+        a job. Setting the niceness in the worker would write to pages it shares with the
+        launcher.
         """
         if self.nice:
-            own = os.getpriority(os.PRIO_PROCESS, 0)
-            os.setpriority(os.PRIO_PROCESS, pid, min(19, own + self.nice))
-        _linux.request_short_slice(pid)
+            os.setpriority(os.PRIO_PROCESS, pid, self.worker_nice())
 
     def _forget_in_child(self) -> None:
         signal.set_wakeup_fd(-1)
@@ -560,7 +561,7 @@ def main() -> None:
         import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
 
         from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
-        from . import _worker  # noqa: F401 - every worker runs it: imported once, here
+        from . import _worker  # every worker runs it: imported once, here
 
         if moving is not None:
             moving.moved()  # before any preloaded module runs (see ``_Move``)
@@ -576,6 +577,9 @@ def main() -> None:
     finally:
         if moving is not None:
             moving.join()  # (again, at once, when it was joined above)
+    # made once here, taken by each worker at its first job (made there, the ``ctypes`` calls
+    # would write to pages it shares with the launcher)
+    _worker.slice_request = _linux.short_slice_request(launcher.worker_nice())
     # objects created so far are shared with every worker; keep the GC from touching them.
     # No collection first: it took 4 to 8 ms of the pool's start, and the holes it left in
     # pages every worker shares were filled by each worker's first allocations, copied (an

@@ -319,6 +319,10 @@ _WARM_UP_AFTER = 0.002
 #: whether the launcher ran the job path and the pool's ``warm_up`` before it forked this
 #: worker (``_launcher._rehearse``): set in the launcher, inherited by every worker
 rehearsed = False
+#: the launcher's request for the shortest scheduler slice (``_linux.short_slice_request``),
+#: which a worker makes at its first job, before any of the job runs: asked for while it
+#: idled, a spare would preempt the host the moment the host hands it the job
+slice_request: Any = None
 
 
 def warm_up(confine: bool, loop: bool = False, prepare: str = "", engine: bool = True) -> None:
@@ -413,7 +417,7 @@ def serve(
     A sandboxed job (``FLAG_SANDBOX``) is confined before it is unpickled, and its worker runs
     no other job.
     """
-    global _channel
+    global _channel, slice_request
     _linux.set_parent_death_signal(pdeath)
     if os.getppid() != launcher_pid:
         os._exit(1)
@@ -451,6 +455,9 @@ def serve(
         if flags & FLAG_MESSAGE:
             continue  # for a job that ended (sent as it finished): never read as a job
         _channel.inbox.start_job()
+        if slice_request is not None:
+            _linux.take_slice(slice_request)  # before a sandbox could refuse the call
+            slice_request = None
         last = flags & FLAG_LAST or flags & FLAG_SANDBOX
         try:
             try:
