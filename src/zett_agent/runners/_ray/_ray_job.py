@@ -38,6 +38,8 @@ GRACEFUL_CANCEL = 5.0
 WAITING_AFTER = 2.0
 #: longest control record of a stream (JSON text from the Ray task)
 MAX_RECORD = 1 << 16
+#: most records and frames in one stream item (the task sends what its node queued at once)
+MAX_PARTS = 4096
 _TREE_KEYS = frozenset({"views", "worker", "launcher", "cgroup", "mode"})
 
 
@@ -281,11 +283,17 @@ class RayJob:
                 self._finish(ProcessError(f"the Ray runner failed to settle the child: {exc}"))
 
     async def _take(self, item: object) -> None:
-        """Handle one stream item.
+        """Handle one stream item: a record, frames, or a list of both (``_ray_task``).
 
         Once the job is being killed only records count: the stream is read to its end, whose form
         is the task's confirmation.
         """
+        if isinstance(item, list) and len(item) <= MAX_PARTS:
+            for part in item:
+                if isinstance(part, list):  # never nested: one level, as the task sends them
+                    part = None
+                await self._take(part)
+            return
         try:
             if isinstance(item, bytes):
                 if self._killing is not None:

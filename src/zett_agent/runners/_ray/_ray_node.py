@@ -165,13 +165,14 @@ def host() -> NodeHost:
 class NodeRun:
     """One child on this node, between the Ray task's thread and the node's event loop.
 
-    The loop side gets the pool ready and reports ``("ready", tree)``; once the task's thread
-    said ``go()`` it submits the job and passes on, in order: ``("pid", pid)``, ``("sandbox",
-    entry)``, ``("event", value)`` for each event (all after ``("inbox", path, key)``: where the
-    driver sends the child messages, ``_ray_inbox``), ``("usage", numbers)`` about once a second,
+    The loop side gets the pool ready and reports ``("ready", tree)``, then opens the child's
+    inbox (``("inbox", path, key)``: where the driver sends the child messages, ``_ray_inbox``)
+    while the task's thread notes where the child runs; once that thread said ``go()`` it
+    submits the job and passes on, in order: ``("pid", pid)``, ``("sandbox", entry)``,
+    ``("event", value)`` for each event, ``("usage", numbers)`` about once a second,
     ``("result", value, usage)`` if the job completed, and last ``("end", record)``: the
     outcome's error record (``None`` for a result), whether the job's tree was confirmed gone,
-    its CPU seconds and peak memory. The task's thread reads them with ``items()``; while it
+    its CPU seconds and peak memory. The task's thread reads them with ``batches()``; while it
     holds ``MAX_QUEUED`` of them the job's events wait (the pool then stops reading the child,
     whose ``emit`` blocks).
 
@@ -216,11 +217,13 @@ class NodeRun:
     # -- the Ray task's thread ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin the run on its host's loop; the loop side then reports through ``items()``."""
+        """Begin the run on its host's loop; the loop side then reports through ``batches()``."""
         self._loop.call_soon_threadsafe(self.begin)
 
-    def items(self, interrupt_fd: int) -> Iterator[tuple[Any, ...]]:
-        """What the loop side passes on, in order, until ``("end", ...)``; blocks in between.
+    def batches(self, interrupt_fd: int) -> Iterator[list[tuple[Any, ...]]]:
+        """What the loop side passed on since the last batch, in order; blocks in between.
+
+        The last batch ends with ``("end", ...)``.
 
         ``interrupt_fd`` is the main thread's signal wakeup descriptor (or -1): a Ray cancel
         trips SIGINT, which writes to it, so the wait wakes and Python raises
@@ -239,17 +242,18 @@ class NodeRun:
                 self._items.clear()
             if batch:
                 self._loop.call_soon_threadsafe(self._freed)
-            for item in batch:
-                yield item
-                if item[0] == "end":
-                    return
-            if not batch:
-                poller.poll(-1 if interrupt_fd >= 0 else 100)
-                for fd in (self._wake_read, interrupt_fd):
-                    if fd >= 0:
-                        with contextlib.suppress(BlockingIOError):
-                            while os.read(fd, 4096):
-                                pass
+                for n, item in enumerate(batch):
+                    if item[0] == "end":
+                        yield batch[: n + 1]
+                        return
+                yield batch
+                continue
+            poller.poll(-1 if interrupt_fd >= 0 else 100)
+            for fd in (self._wake_read, interrupt_fd):
+                if fd >= 0:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(fd, 4096):
+                            pass
 
     def go(self) -> None:
         """Submit the job (after ``ready``: the task has noted where it runs)."""
@@ -376,12 +380,12 @@ class NodeRun:
             "mode": info["mode"],
         }
         self._push(("ready", tree, {k: v for k, v in info.items() if k not in ("cgroup",)}))
+        await self._open_inbox()  # while the task notes where the child runs
         assert self._go is not None
         await self._go.wait()
         if self._cancelled:
             self._end(_cancelled(), True, 0.0, 0)
             return
-        await self._open_inbox()
         job = await self._submit(pool)
         if job is not None:
             await self._follow(job)

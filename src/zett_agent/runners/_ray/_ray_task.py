@@ -3,8 +3,9 @@
 Never imported by ``import zett_agent`` (by ``zett_agent.runners.ray`` and by Ray workers).
 
 The task hands the child to this Ray worker's pool (``_ray_node``) and passes on what the pool
-reports, as a Ray generator. Every item is ``str`` (one JSON object) or ``bytes`` (the
-engine's frames, see ``zett_agent.process._wire._protocol``), in this order:
+reports, as a Ray generator. Every item is ``str`` (one JSON object), ``bytes`` (the
+engine's frames, see ``zett_agent.process._wire._protocol``) or a list of both (below), in
+this order:
 
 - ``{"k": "start", "node": NODE, "tree": TREE, "containment": INFO}``: where the child runs and
   what contains it (``TREE``: this Ray worker's pid and start time, its pool's launcher's, the
@@ -20,6 +21,11 @@ engine's frames, see ``zett_agent.process._wire._protocol``), in this order:
   ``RELAY_CHUNK`` bytes per item;
 - last ``{"k": "end", "error": RECORD | None, "gone": BOOL, "cpu": S, "peak": B}``: the
   outcome (``None``: the result came before), and whether the child's tree was confirmed gone.
+
+What the node's pool reported meanwhile travels as one item, a ``list`` of these in order (of
+at most ``RELAY_CHUNK`` bytes, a larger one alone): each item a Ray generator yields costs the
+task about half a millisecond and reaches the driver after the ones before it, so a child's
+first event would otherwise wait behind its ``start``, ``inbox`` and ``pid`` records.
 
 Cancel: ``ray.cancel(ref, force=False)`` raises ``KeyboardInterrupt`` in this thread (Ray trips
 SIGINT; its wakeup descriptor makes the wait here return at once). The task then has the pool
@@ -95,6 +101,20 @@ def _frames(kind: str, value: Any, usage: dict[str, Any] | None, max_bytes: int)
         yield b"".join(chunk)
 
 
+def _joined(out: list[str | bytes]) -> Iterator[str | bytes | list[str | bytes]]:
+    """``out`` as few stream items as ``RELAY_CHUNK`` allows, in order: a lone one as itself."""
+    group: list[str | bytes] = []
+    size = 0
+    for part in out:
+        if group and size + len(part) > RELAY_CHUNK:
+            yield group if len(group) > 1 else group[0]
+            group, size = [], 0
+        group.append(part)
+        size += len(part)
+    if group:
+        yield group if len(group) > 1 else group[0]
+
+
 class _Interrupts:
     """This thread's signal wakeup descriptor while the task runs (the main thread only)."""
 
@@ -124,7 +144,7 @@ def run_task(
     models: list[Any] | None,
     config: dict[str, Any],
     token: str,
-) -> Iterator[str | bytes]:
+) -> Iterator[str | bytes | list[str | bytes]]:
     """The body of one child's Ray generator task (see the module docstring).
 
     ``payload`` is what the pool's worker runs: ``run_pickled_child``'s pickled spec when
@@ -147,32 +167,35 @@ def run_task(
     interrupts = _Interrupts()
     noted = keep_note = False
     try:
-        for item in run.items(interrupts.fd):
-            kind = item[0]
-            if kind == "ready":
-                start = _dumps(
-                    {"k": "start", "node": node, "tree": item[1], "containment": item[2]}
-                )
-                # before the child starts: a worker that cannot report any more (stopped,
-                # killed) still left where its child ran
-                internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
-                noted = True
-                yield start
-                run.go()
-            elif kind == "event":
-                yield from _frames("event", item[1], None, node_config.max_frame_bytes)
-            elif kind == "result":
-                yield from _frames("result", item[1], item[2], node_config.max_frame_bytes)
-            elif kind == "inbox":
-                yield _dumps({"k": "inbox", "path": item[1], "key": item[2]})
-            elif kind == "pid":
-                yield _dumps({"k": "pid", "pid": item[1]})
-            elif kind == "sandbox":
-                yield _dumps({"k": "sandbox", "v": item[1]})
-            elif kind == "usage":
-                yield _dumps({"k": "usage", **item[1]})
-            elif kind == "end":
-                yield _dumps(item[1])
+        for batch in run.batches(interrupts.fd):
+            out: list[str | bytes] = []
+            for item in batch:
+                kind = item[0]
+                if kind == "ready":
+                    start = _dumps(
+                        {"k": "start", "node": node, "tree": item[1], "containment": item[2]}
+                    )
+                    # before the child starts: a worker that cannot report any more (stopped,
+                    # killed) still left where its child ran
+                    internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
+                    noted = True
+                    run.go()  # the start record still comes first: all else is queued after it
+                    out.append(start)
+                elif kind == "event":
+                    out.extend(_frames("event", item[1], None, node_config.max_frame_bytes))
+                elif kind == "result":
+                    out.extend(_frames("result", item[1], item[2], node_config.max_frame_bytes))
+                elif kind == "inbox":
+                    out.append(_dumps({"k": "inbox", "path": item[1], "key": item[2]}))
+                elif kind == "pid":
+                    out.append(_dumps({"k": "pid", "pid": item[1]}))
+                elif kind == "sandbox":
+                    out.append(_dumps({"k": "sandbox", "v": item[1]}))
+                elif kind == "usage":
+                    out.append(_dumps({"k": "usage", **item[1]}))
+                elif kind == "end":
+                    out.append(_dumps(item[1]))
+            yield from _joined(out)
     except KeyboardInterrupt:
         # ray.cancel(force=False): kill the child; a clean end says its tree is gone
         run.cancel()
@@ -199,7 +222,7 @@ def run_task(
                 internal_kv._internal_kv_del(kv_key(token), namespace=KV_NAMESPACE)
 
 
-def run_task_fresh(*args: Any) -> Iterator[str | bytes]:
+def run_task_fresh(*args: Any) -> Iterator[str | bytes | list[str | bytes]]:
     """``run_task`` registered with ``max_calls=1``: the Ray worker exits after this child."""
     yield from run_task(*args)
 
