@@ -40,6 +40,18 @@ async def test_result_and_events_come_back_as_json(runner: RayRunner) -> None:
     assert job.node_id is not None and job.tree_gone
 
 
+async def test_a_function_childs_node_pool_preloads_only_what_it_runs(runner: RayRunner) -> None:
+    """Each new Ray worker starts a pool whose launcher preloads what its children run. A
+    function's pool: the engine's child side, not the pool's own host side (``_ray_node``: the
+    pool, its inboxes, asyncio) nor the agent runtime, which only a child agent's pool
+    preloads; they were most of the CPU each such launcher took to start."""
+    watched = ("zett_agent.runners._ray._ray_node", "zett_agent.process._host._pool")
+    watched += ("zett_agent.agent", "zett_agent.runners._child", "asyncio")
+    seen = f"sorted(set({watched!r}) & set(__import__('sys').modules))"
+    job = await settle(await runner.submit_function(eval, seen))
+    assert job.result() == []
+
+
 async def test_async_function_and_usage(runner: RayRunner) -> None:
     job = await runner.submit_function(kids.echo_async, "x")
     events = [event async for event in job.events()]

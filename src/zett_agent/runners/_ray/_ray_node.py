@@ -14,7 +14,7 @@ Ray worker dies (a force cancel, its driver's death, Ray ending an idle worker),
 sees its host go and kills every tree it started, as with any dead host (the runner asks Ray
 not to kill a worker's children itself, see ``RayRunner``).
 
-Imported by Ray workers (and, for ``run_payload``, by the pool's workers); it imports no Ray.
+Imported by Ray workers (never by the pools' launchers and workers); it imports no Ray.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from zett_agent.process import PoolClosed, ProcessError, ProcessPool
 from zett_agent.process._host._job import set_event_filter
-from zett_agent.runners._preload import RUNTIME_MODULES
+from zett_agent.runners._preload import excluded
 from zett_agent.runners._ray._ray_errors import encode_error
 from zett_agent.runners._ray._ray_inbox import NodeInbox
+from zett_agent.runners._ray._ray_payload import run_payload
 from zett_agent.runners._ray._ray_views import process_start, views
 
 if TYPE_CHECKING:
     from zett_agent.process import ProcessJob, ProcessLimits, Sandbox
 
-__all__ = ["NodeConfig", "NodeHost", "NodeRun", "host", "run_payload"]
+__all__ = ["NodeConfig", "NodeHost", "NodeRun", "host"]
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +53,8 @@ MAX_QUEUED = 8
 GONE_TIMEOUT = 30.0
 #: seconds a run waits for the model calls it brokered to close after the outcome
 BROKER_CLOSE_TIMEOUT = 10.0
-#: what every pool of a node preloads beyond a configuration's modules
-NODE_MODULES = ("zett_agent.runners._ray._ray_node",)
-
-
-def run_payload(payload: bytes) -> Any:
-    """Run in the pool's worker: the function, arguments and keywords pickled by the driver.
-
-    The Ray worker passes the bytes on without unpickling them, so no module of the child's
-    is ever imported into the long-lived Ray worker.
-    """
-    import cloudpickle
-
-    fn, args, kwargs = cloudpickle.loads(payload)
-    return fn(*args, **kwargs)
+#: what every pool of a node preloads beyond a configuration's modules (light: not this one)
+NODE_MODULES = ("zett_agent.runners._ray._ray_payload",)
 
 
 @dataclass(frozen=True)
@@ -127,7 +116,13 @@ class NodeHost:
         return await asyncio.shield(starting)
 
     async def _start(self, config: NodeConfig) -> ProcessPool:
-        base = (*RUNTIME_MODULES, *NODE_MODULES)
+        """Start a pool for ``config``: its modules preloaded, else only the engine's.
+
+        The agent runtime only when the configuration asks for it (a child agent's does; a
+        function of ``submit_function`` never runs it): it is most of a launcher's start.
+        """
+        engine = tuple(name for name in config.preload if excluded(name, ("zett_agent",)))
+        base = tuple(dict.fromkeys((*NODE_MODULES, *engine)))
         wanted = tuple(dict.fromkeys((*base, *config.preload)))
         for preload in dict.fromkeys((wanted, base)):
             pool = config.pool(preload)
