@@ -38,7 +38,12 @@ not what one runs a hundred of on one machine). It adds (6): 50 children submitt
 through the runner (``submit_function``), of which as many run as the machine has CPUs and the
 rest wait for one, all cancelled at once: the longest the parent's event loop stalled meanwhile
 (the ticker of (4)) and how long the 50 cancels took, for processes (a ``ProcessPool`` of one
-worker per CPU) and Ray.
+worker per CPU) and Ray. And issue 34's Ray yardsticks, bare Ray tasks in the same Ray: a bare
+generator task's start (stamped in the task, as the children stamp their first model call)
+against (1); a bare spinning task's ``ray.cancel(force=True)`` until its process is gone against
+(2); and 50 children that wait on their model (an endpoint that holds every request), started in
+one turn with CPU enough for all to run (each needs a Ray worker of its own), until the endpoint
+has all 50 requests, against 50 bare tasks that each send one request.
 
 ``--sandbox`` runs (1) only, for processes with and without a ``Sandbox`` around each child,
 and prints what the sandbox adds.
@@ -72,7 +77,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import psutil
@@ -1064,6 +1069,142 @@ async def measure_cancel_waiting(variant: str, n: int = 50) -> dict[str, float]:
     return {"stall": max(lateness), "took": took}
 
 
+def _bare_start(fifo: str) -> Iterator[int]:
+    """A bare Ray task: says it runs (the child's first model call's counterpart), ends."""
+    announce(fifo, "bare")
+    yield 1
+
+
+def _bare_spin(fifo: str) -> Iterator[int]:
+    """A bare Ray task that says it runs, then spins until it is killed."""
+    announce(fifo, "barespin")
+    yield 1
+    while True:
+        pass
+
+
+def _bare_request(port: int) -> Iterator[int]:
+    """A bare Ray task that waits on a model: one request to the holding endpoint, held open."""
+    import socket
+
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    yield os.getpid()
+    conn.recv(1)  # until the endpoint closes or the task is killed
+
+
+async def _gone(pid: int) -> None:
+    """Return once process ``pid`` has exited (its pidfd is readable); at once if it has."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        await asyncio.wait_for(readable, HANG_GUARD)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+async def measure_bare_ray(n_start: int, n_cancel: int) -> dict[str, list[float]]:
+    """Issue 34's Ray yardsticks: a bare Ray generator task's start (submit -> its body runs,
+    stamped in the task as the children stamp their first model call) and a bare task's
+    ``ray.cancel(force=True)`` -> its process gone. The same Ray as the children's."""
+    import ray
+
+    start_task = ray.remote(num_cpus=1, max_retries=0)(_bare_start)
+    spin_task = ray.remote(num_cpus=1, max_retries=0)(_bare_spin)
+    out: dict[str, list[float]] = {"start": [], "cancel": []}
+    with tempfile.TemporaryDirectory(prefix="zett-bench-") as tmp:
+        ann = Announcements(tmp, asyncio.get_running_loop())
+        try:
+            for n in range(n_start + 2):  # two to warm up, as the children's warm extension
+                begin = time.perf_counter()
+                stream = start_task.options(num_returns="streaming").remote(ann.path)
+                _, stamp = await asyncio.wait_for(ann.queue("bare").get(), HANG_GUARD)
+                async for _ in stream:
+                    pass
+                if n >= 2:
+                    out["start"].append(stamp - begin)
+            for _ in range(n_cancel):
+                stream = spin_task.options(num_returns="streaming").remote(ann.path)
+                pid, _ = await asyncio.wait_for(ann.queue("barespin").get(), HANG_GUARD)
+                begin = time.perf_counter()
+                ray.cancel(stream, force=True)
+                await _gone(pid)
+                out["cancel"].append(time.perf_counter() - begin)
+        finally:
+            ann.close()
+    return out
+
+
+async def measure_all_running(variant: str, n: int = 50) -> float:
+    """Issue 34's third Ray yardstick: ``n`` children that wait on their model, started in one
+    parent turn, each asking for so little CPU that all may run at once (each in a Ray worker of
+    its own, which Ray starts as they come): seconds until the endpoint holds all ``n`` requests.
+    ``variant``: "ray" (child agents of ``AsyncSubAgentExtension`` on ``RayRunner``, brokered:
+    their Ray tasks make the calls) or "bare ray" (bare Ray tasks that each send one request,
+    then ``ray.cancel(force=True)``)."""
+    import ray
+
+    from zett_agent.models.openai import OpenAIChatModel
+    from zett_agent.runners.ray import RayRunner
+
+    cpus = 0.5 / n  # n of them fit on one CPU
+    loop = asyncio.get_running_loop()
+    arrivals: asyncio.Queue[float] = asyncio.Queue()
+    endpoint = HoldingEndpoint(arrivals, loop)
+    took = 0.0
+
+    async def all_arrived(begin: float) -> float:
+        last = begin
+        for _ in range(n):
+            last = await asyncio.wait_for(arrivals.get(), HANG_GUARD * 3)
+        return last - begin
+
+    try:
+        if variant == "bare ray":
+            task = ray.remote(num_cpus=cpus, max_retries=0)(_bare_request)
+            begin = time.perf_counter()
+            streams = [
+                task.options(num_returns="streaming").remote(endpoint.port) for _ in range(n)
+            ]
+            took = await all_arrived(begin)
+            pids = [await (await stream.__anext__()) for stream in streams]
+            for stream in streams:
+                ray.cancel(stream, force=True)
+            await asyncio.gather(*(_gone(pid) for pid in pids))
+            return took
+        model = OpenAIChatModel(
+            "bench", base_url=f"http://127.0.0.1:{endpoint.port}/v1", api_key="none", timeout=600
+        )
+        runner = RayRunner(RAY_ADDRESS, num_cpus=cpus)
+        extension = AsyncSubAgentExtension(
+            [profile("remote", model)], max_concurrent=n, runner=runner
+        )
+        async with extension:
+            starts = [
+                call("task_start", subagent_type="remote", description=f"r{i}", prompt="hello")
+                for i in range(n)
+            ]
+            begin = time.perf_counter()
+
+            async def measure() -> None:
+                nonlocal took
+                took = await all_arrived(begin)
+
+            await run_parent(extension, Timing(), [turn(*starts), final()], then=measure)
+    finally:
+        endpoint.close()
+    return took
+
+
 async def bench_ray(quick: bool) -> None:
     """(1)-(4) for processes, Ray and the in-process baseline, side by side."""
     import ray
@@ -1089,6 +1230,8 @@ async def bench_ray(quick: bool) -> None:
         rounds = calibrate(seconds)
         cpu = await measure_cpu(k, rounds, repeats)
         waiting = {v: await measure_cancel_waiting(v) for v in ("process", "ray")}
+        bare = await measure_bare_ray(n_start, n_cancel)
+        all_running = {v: await measure_all_running(v) for v in ("bare ray", "ray")}
         total = time.perf_counter() - started
     finally:
         ray.shutdown()
@@ -1152,6 +1295,36 @@ async def bench_ray(quick: bool) -> None:
     print(
         "\n(2) in-process: the child spins inside the parent's only thread, so the parent's "
         "task_cancel never runs (see the run without --ray)."
+    )
+    print("\nRay children against bare Ray tasks in the same Ray (issue 34, target 6)\n")
+    print(f"| {'measurement':<52} | {'ray':>10} | {'bare ray':>10} | {'ratio':>6} | target |")
+    print(f"|{'-' * 54}|{'-' * 11}:|{'-' * 11}:|{'-' * 7}:|--------|")
+    yardsticks = (
+        (f"start p50 (n={n_start})", pct(start["ray"]["start"], 0.5), pct(bare["start"], 0.5)),
+        (
+            f"cancel -> gone p50 (n={n_cancel}; bare: force)",
+            pct(cancel["ray"]["cancel"], 0.5),
+            pct(bare["cancel"], 0.5),
+        ),
+        (
+            "50 waiting on a model: all running",
+            all_running["ray"],
+            all_running["bare ray"],
+        ),
+    )
+    for name, ours, theirs in yardsticks:
+        shown = ms(ours) if ours < 1 else f"{ours:.2f} s"
+        their = ms(theirs) if theirs < 1 else f"{theirs:.2f} s"
+        ratio = ours / theirs
+        print(
+            f"| {name:<52} | {shown:>10} | {their:>10} | {ratio:>6.2f} | "
+            f"{'met' if ratio <= 2 else 'NOT met':>6} |"
+        )
+    print(
+        "\nbare: a Ray generator task that stamps its start; a spinning one killed with "
+        "ray.cancel(force=True) until its process is gone; 50 tasks of 0.01 CPU that each "
+        "send one request to the endpoint the children wait on. "
+        "Target: each ratio <= 2."
     )
     check_leftovers()
 
