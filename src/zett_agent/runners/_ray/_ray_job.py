@@ -168,7 +168,7 @@ class RayJob:
         """What the child used so far.
 
         CPU seconds and resident memory of the child's process (and its peak), and elapsed time.
-        Updated about once a second while the child runs.
+        Updated about once a second while the child runs (when they changed).
         """
         end = self._ended if self._ended is not None else time.monotonic()
         return JobUsage(self._cpu, self._rss, self._peak, end - self._submitted)

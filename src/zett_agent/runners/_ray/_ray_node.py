@@ -164,12 +164,12 @@ class NodeRun:
     inbox (``("inbox", path, key)``: where the driver sends the child messages, ``_ray_inbox``)
     while the task's thread notes where the child runs; once that thread said ``go()`` it
     submits the job and passes on, in order: ``("pid", pid)``, ``("sandbox", entry)``,
-    ``("event", value)`` for each event, ``("usage", numbers)`` about once a second,
-    ``("result", value, usage)`` if the job completed, and last ``("end", record)``: the
-    outcome's error record (``None`` for a result), whether the job's tree was confirmed gone,
-    its CPU seconds and peak memory. The task's thread reads them with ``batches()``; while it
-    holds ``MAX_QUEUED`` of them the job's events wait (the pool then stops reading the child,
-    whose ``emit`` blocks).
+    ``("event", value)`` for each event, ``("usage", numbers)`` about once a second when they
+    changed, ``("result", value, usage)`` if the job completed, and last ``("end", record)``:
+    the outcome's error record (``None`` for a result), whether the job's tree was confirmed
+    gone, its CPU seconds and peak memory. The task's thread reads them with ``batches()``;
+    while it holds ``MAX_QUEUED`` of them the job's events wait (the pool then stops reading
+    the child, whose ``emit`` blocks).
 
     Cancellation: ``cancel()`` (from the task's thread) kills the job's tree through the pool;
     the ``end`` item then follows once the tree is gone, and ``wait_end`` returns whether it is.
@@ -207,6 +207,7 @@ class NodeRun:
         self._pid_sent = False
         self._sandbox_sent = False
         self._usage_timer: asyncio.TimerHandle | None = None
+        self._reported: dict[str, Any] = {}
         self._inbox: NodeInbox | None = None
 
     # -- the Ray task's thread ------------------------------------------------------------------
@@ -476,10 +477,15 @@ class NodeRun:
             return
         self._report_progress(job)
         usage = job.usage()
+        numbers = {"cpu": round(usage.cpu_seconds, 6), "rss": usage.rss_bytes}
         with self._lock:
             crowded = len(self._items) >= MAX_QUEUED
-        if not crowded:  # a report is only a refresh: none while the task's thread lags
-            self._push(("usage", {"cpu": round(usage.cpu_seconds, 6), "rss": usage.rss_bytes}))
+        # a report is only a refresh: none while the task's thread lags, and none when nothing
+        # changed (a child waiting on its model): each is a Ray item for the task to yield and
+        # the driver to read, about 5 ms of CPU a second for each waiting child
+        if not crowded and numbers != self._reported:
+            self._reported = numbers
+            self._push(("usage", numbers))
         self._usage_timer = self._loop.call_later(USAGE_PERIOD, self._usage, job)
 
 

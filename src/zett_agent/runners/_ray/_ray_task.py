@@ -15,7 +15,7 @@ this order:
   before anything of the child; never noted in the key-value store;
 - ``{"k": "pid", "pid": PID}`` once the child has its process; ``{"k": "sandbox", "v": ENTRY}``
   once its sandbox is in place, before its code runs; ``{"k": "usage", "cpu": S, "rss": B}``
-  about once a second;
+  about once a second when the numbers changed;
 - frames: each event, and the result (a ``result`` message with its usage numbers), encoded
   again from what the pool decoded (so they passed the pool's budgets and checks), at most
   ``RELAY_CHUNK`` bytes per item;
