@@ -290,10 +290,12 @@ class RayJob:
         """
         if isinstance(item, list) and len(item) <= MAX_PARTS:
             for part in item:
-                if isinstance(part, list):  # never nested: one level, as the task sends them
-                    part = None
-                await self._take(part)
-            return
+                await self._take_part(part)  # never nested: one level, as the task sends them
+        else:
+            await self._take_part(item)
+
+    async def _take_part(self, item: object) -> None:
+        """Handle one record or one run of frames."""
         try:
             if isinstance(item, bytes):
                 if self._killing is not None:

@@ -43,7 +43,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from zett_agent.process import ProcessLimits, Sandbox
@@ -101,7 +101,7 @@ def _frames(kind: str, value: Any, usage: dict[str, Any] | None, max_bytes: int)
         yield b"".join(chunk)
 
 
-def _joined(out: list[str | bytes]) -> Iterator[str | bytes | list[str | bytes]]:
+def _joined(out: Iterable[str | bytes]) -> Iterator[str | bytes | list[str | bytes]]:
     """``out`` as few stream items as ``RELAY_CHUNK`` allows, in order: a lone one as itself."""
     group: list[str | bytes] = []
     size = 0
@@ -166,36 +166,40 @@ def run_task(
     run.start()
     interrupts = _Interrupts()
     noted = keep_note = False
+
+    def parts(batch: list[tuple[Any, ...]]) -> Iterator[str | bytes]:
+        nonlocal noted
+        for item in batch:
+            kind = item[0]
+            if kind == "ready":
+                start = _dumps(
+                    {"k": "start", "node": node, "tree": item[1], "containment": item[2]}
+                )
+                # before the child starts: a worker that cannot report any more (stopped,
+                # killed) still left where its child ran
+                internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
+                noted = True
+                run.go()  # the start record still comes first: all else is queued after it
+                yield start
+            elif kind == "event":
+                yield from _frames("event", item[1], None, node_config.max_frame_bytes)
+            elif kind == "result":
+                yield from _frames("result", item[1], item[2], node_config.max_frame_bytes)
+            elif kind == "inbox":
+                yield _dumps({"k": "inbox", "path": item[1], "key": item[2]})
+            elif kind == "pid":
+                yield _dumps({"k": "pid", "pid": item[1]})
+            elif kind == "sandbox":
+                yield _dumps({"k": "sandbox", "v": item[1]})
+            elif kind == "usage":
+                yield _dumps({"k": "usage", **item[1]})
+            elif kind == "end":
+                yield _dumps(item[1])
+
     try:
         for batch in run.batches(interrupts.fd):
-            out: list[str | bytes] = []
-            for item in batch:
-                kind = item[0]
-                if kind == "ready":
-                    start = _dumps(
-                        {"k": "start", "node": node, "tree": item[1], "containment": item[2]}
-                    )
-                    # before the child starts: a worker that cannot report any more (stopped,
-                    # killed) still left where its child ran
-                    internal_kv._internal_kv_put(kv_key(token), start, namespace=KV_NAMESPACE)
-                    noted = True
-                    run.go()  # the start record still comes first: all else is queued after it
-                    out.append(start)
-                elif kind == "event":
-                    out.extend(_frames("event", item[1], None, node_config.max_frame_bytes))
-                elif kind == "result":
-                    out.extend(_frames("result", item[1], item[2], node_config.max_frame_bytes))
-                elif kind == "inbox":
-                    out.append(_dumps({"k": "inbox", "path": item[1], "key": item[2]}))
-                elif kind == "pid":
-                    out.append(_dumps({"k": "pid", "pid": item[1]}))
-                elif kind == "sandbox":
-                    out.append(_dumps({"k": "sandbox", "v": item[1]}))
-                elif kind == "usage":
-                    out.append(_dumps({"k": "usage", **item[1]}))
-                elif kind == "end":
-                    out.append(_dumps(item[1]))
-            yield from _joined(out)
+            # encoded as they are sent: one event's frames at a time, never a whole batch's
+            yield from _joined(parts(batch))
     except KeyboardInterrupt:
         # ray.cancel(force=False): kill the child; a clean end says its tree is gone
         run.cancel()
