@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from zett_agent._tracing._base import PROVIDER, SERVER_ADDRESS, SERVER_PORT
 from zett_agent.models._budget import guard
+from zett_agent.models._paced_reads import pace_reads
 
 __all__ = [
     "KEEP_ALIVE",
@@ -140,7 +141,7 @@ def http_client(factory: Callable[..., Any], *, timeout: float, json_as_event: b
                 del request.headers[name]
 
     library = _library(factory)
-    return factory(
+    client = factory(
         verify=tls_context(),
         timeout=timeout,
         follow_redirects=False,
@@ -151,6 +152,8 @@ def http_client(factory: Callable[..., Any], *, timeout: float, json_as_event: b
             "response": [guard(json_as_event=json_as_event)],
         },
     )
+    pace_reads(client)
+    return client
 
 
 def sdk_client(
