@@ -34,9 +34,9 @@ time, at most 2 ms per event-loop callback, as the engine decodes frames. When t
 its provider request.
 
 **Many calls at once take turns.** Before a call reads its next event it asks ``models._pacing``
-whether the loop's relaying budget for this turn (half a millisecond) is spent; if so it waits
-for a later loop iteration, a few calls per iteration in the order they came, so the parent's
-timers and other work run between turns however many children stream at once.
+whether the loop's relaying budget for this turn (a quarter of a millisecond) is spent; if so
+it waits for a later loop iteration, a call per iteration in the order they came, so the
+parent's timers and other work run between turns however many children stream at once.
 
 **What a call costs the child** (its token budget trusts these counts): each call is charged
 once, as it ends, whatever ends it (completed, closed or cancelled by the child, the child's
