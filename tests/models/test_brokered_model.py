@@ -201,6 +201,28 @@ async def test_a_brokered_child_completes_its_task_through_the_parent(containmen
     assert json.loads(tool_answer["content"])["pid"] != os.getpid()  # ran in the child
 
 
+async def test_a_lone_surrogate_in_a_brokered_request_reaches_the_provider_as_u_fffd() -> None:
+    """The stand-in sends its request as JSON takes it (unwalked when it fits one frame); a
+    text no provider could take still goes as U+FFFD, as the model's own adapter sends it."""
+    replies = [Reply(chunks=TEXT_STREAM)]
+    async with LoopbackServer(replies) as server:
+        model = OpenAIChatModel("test-model", base_url=server.url, retry=FAST_RETRY)
+        definition = SubAgentDefinition(
+            "remote", "a brokered child", "You are the child \ud800.", model=model
+        )
+        async with extension_on("auto", definition) as extension:
+            answer = await run_parent(extension, "remote")
+            task = only_task(extension)
+
+    assert json.loads(answer)["content"] == "Hello"
+    assert task.status is SubAgentTaskStatus.COMPLETED
+    [received] = server.requests
+    assert received.body["messages"][0] == {
+        "role": "system",
+        "content": "You are the child \ufffd.",
+    }
+
+
 async def test_the_blocking_extension_brokers_too() -> None:
     key = new_key()
     async with LoopbackServer([Reply(chunks=TEXT_STREAM)]) as server:

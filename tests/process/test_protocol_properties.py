@@ -91,10 +91,12 @@ json_values = st.recursive(
 SMALL = {"chunk": 256, "text_slice": 64, "text_min": 50}
 
 
-def round_trip(kind: str, value: Any, **sizes: int) -> tuple[Any, list[bytes]]:
+def round_trip(
+    kind: str, value: Any, as_json: bool = False, **sizes: int
+) -> tuple[Any, list[bytes]]:
     frames: list[bytes] = []
     usage = {"cpu": 0.5, "maxrss": 1024} if kind == "result" else None
-    Encoder(frames.append, 1 << 24, **sizes).message(kind, value, usage)
+    Encoder(frames.append, 1 << 24, **sizes).message(kind, value, usage, as_json=as_json)
     assembler = Assembler(1 << 24, chunk=sizes.get("chunk", CHUNK))
     done = None
     for i, frame in enumerate(frames):
@@ -109,9 +111,11 @@ def round_trip(kind: str, value: Any, **sizes: int) -> tuple[Any, list[bytes]]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(value=json_values, kind=st.sampled_from(["event", "result"]))
-def test_json_values_come_back_equal_however_they_are_streamed(value: Any, kind: str) -> None:
-    got, frames = round_trip(kind, value, **SMALL)
+@given(value=json_values, kind=st.sampled_from(["event", "result"]), as_json=st.booleans())
+def test_json_values_come_back_equal_however_they_are_streamed(
+    value: Any, kind: str, as_json: bool
+) -> None:
+    got, frames = round_trip(kind, value, as_json, **SMALL)
     assert got == value
     assert json.dumps(got) == json.dumps(value)  # same order of keys too
     for frame in frames:
@@ -157,11 +161,40 @@ def test_what_json_would_change_is_refused_with_its_path(value: Any, path: str) 
         Encoder(lambda frame: None, 1 << 20).message("event", value)
 
 
-def test_a_cycle_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [({"x": object()}, "['x']"), ({"s": {1, 2}}, "['s']"), ([1, [2, {"y": b"z"}]], "[1][1]['y']")],
+)
+@pytest.mark.parametrize("sizes", [{}, SMALL])
+def test_as_json_what_json_refuses_is_refused_with_its_path(
+    value: Any, path: str, sizes: dict[str, int]
+) -> None:
+    frames: list[bytes] = []
+    with pytest.raises(TypeError) as raised:
+        Encoder(frames.append, 1 << 20, **sizes).message("event", value, as_json=True)
+    assert f"at {path}:" in str(raised.value)
+    assert frames == []  # refused before anything was sent
+
+
+@pytest.mark.parametrize("sizes", [{}, SMALL])
+def test_as_json_a_key_arrives_as_json_makes_it(sizes: dict[str, int]) -> None:
+    """A value that becomes JSON anyway may have keys JSON turns into strings (``as_json``)."""
+    value = {1: "a", "b": [{True: None, 2.5: 3}]}
+    if sizes:  # too long for one frame of the small sizes: walked and refused as by default
+        value["long"] = "x" * 300
+        with pytest.raises(TypeError, match=r"at \[1\]:"):
+            Encoder(lambda frame: None, 1 << 20, **sizes).message("event", value, as_json=True)
+        return
+    got, _frames = round_trip("event", value, True)
+    assert got == json.loads(json.dumps(value)) == {"1": "a", "b": [{"true": None, "2.5": 3}]}
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_cycle_is_refused(as_json: bool) -> None:
     loop: list[Any] = []
     loop.append(loop)
     with pytest.raises(TypeError, match="Circular"):
-        Encoder(lambda frame: None, 1 << 20).message("event", {"a": loop})
+        Encoder(lambda frame: None, 1 << 20).message("event", {"a": loop}, as_json=as_json)
 
 
 def test_a_message_over_max_bytes_is_refused_and_aborted() -> None:
@@ -516,9 +549,10 @@ bad_strings = st.builds(
     where=st.integers(min_value=0, max_value=50),
     as_key=st.booleans(),
     sizes=st.sampled_from([{}, SMALL]),
+    as_json=st.booleans(),
 )
 def test_a_value_with_a_lone_surrogate_is_refused_in_the_worker_with_its_path(
-    value: Any, bad: str, where: int, as_key: bool, sizes: dict[str, int]
+    value: Any, bad: str, where: int, as_key: bool, sizes: dict[str, int], as_json: bool
 ) -> None:
     # put the bad string somewhere into the value: as a leaf, or as a dict key
     holder: Any = {bad: 1} if as_key else [bad]
@@ -537,7 +571,7 @@ def test_a_value_with_a_lone_surrogate_is_refused_in_the_worker_with_its_path(
         value, path = [value, holder], [1, *inside]
     frames: list[bytes] = []
     with pytest.raises(TypeError, match="lone surrogate") as raised:
-        Encoder(frames.append, 1 << 24, **sizes).message("event", value)
+        Encoder(frames.append, 1 << 24, **sizes).message("event", value, as_json=as_json)
     where_named = "".join(f"[{key!r}]" for key in path)
     assert str(raised.value).startswith(f"at {where_named}: a "), (str(raised.value), path)
     # nothing of it reached the parent: a streamed part was aborted

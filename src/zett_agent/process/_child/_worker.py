@@ -64,9 +64,16 @@ class _Channel:
         for part in parts:
             self.sock.sendall(part)
 
-    def message(self, kind: str, value: Any, usage: dict[str, float] | None = None) -> None:
+    def message(
+        self,
+        kind: str,
+        value: Any,
+        usage: dict[str, float] | None = None,
+        *,
+        as_json: bool = False,
+    ) -> None:
         with self.lock:
-            self.encoder.message(kind, value, usage)
+            self.encoder.message(kind, value, usage, as_json=as_json)
 
     def error(self, exc: BaseException, usage: dict[str, float]) -> None:
         """Report the job's exception.
@@ -142,6 +149,23 @@ def emit(obj: Any) -> None:
         channel.message("event", obj)
     except TypeError as exc:
         raise TypeError(f"emit() takes {_JSON_HINT}: {exc}") from None
+
+
+def emit_json(obj: Any) -> None:
+    """``emit(obj)`` for a value that becomes JSON anyway: sent as ``json.dumps`` takes it.
+
+    For the engine's own users in a worker (a brokered model's request, which its parent sends
+    on as JSON): a non-``str`` dict key arrives as the string JSON makes of it instead of being
+    refused, and a value whose JSON fits one frame is not walked first (``Encoder.message``'s
+    ``as_json``). Raises as ``emit``.
+    """
+    channel = _channel
+    if channel is None:
+        raise RuntimeError("emit_json() only works inside a job running in a ProcessPool worker")
+    try:
+        channel.message("event", obj, as_json=True)
+    except TypeError as exc:
+        raise TypeError(f"emit_json() takes {_JSON_HINT}: {exc}") from None
 
 
 def _channel_fd() -> int:

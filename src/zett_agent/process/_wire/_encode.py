@@ -237,13 +237,26 @@ class Encoder:
         #: the value being sent (to name the path of a bad text in it)
         self._root: Any = None
 
-    def message(self, kind: str, value: Any, usage: dict[str, float] | None = None) -> None:
+    def message(
+        self,
+        kind: str,
+        value: Any,
+        usage: dict[str, float] | None = None,
+        *,
+        as_json: bool = False,
+    ) -> None:
         """Send one event or result.
 
         Raises ``TypeError`` (not JSON data, or a text that is not valid Unicode, with its
         path) or ``ValueError`` (over the size cap) before anything is sent when the value goes
         in one frame; a streamed value is checked first (a bad text as its frames are made),
         then sent, and the parent told to drop what it got of it when it fails.
+
+        ``as_json``: the value is sent as ``json.dumps`` takes it (a non-``str`` key it turns
+        into a string arrives as that string), for a value that becomes JSON anyway: when its
+        JSON fits one frame, the walk of ``check_value`` (most of the cost of a large value) is
+        skipped; what JSON refuses, and a lone surrogate, are refused all the same, with their
+        path.
         """
         prefix = _PREFIX.get(kind)
         if prefix is not None:
@@ -261,12 +274,27 @@ class Encoder:
         message: dict[str, Any] = {"k": kind, "v": value}
         if usage is not None:
             message["u"] = usage
-        check_value(value)
         self._root = value
         try:
+            if as_json and self._one_frame(message, value):
+                return
+            check_value(value)
             self._message(kind, value, usage, message)
         finally:
             self._root = None
+
+    def _one_frame(self, message: dict[str, Any], value: Any) -> bool:
+        """Send ``message`` as one frame if JSON takes it and it fits; whether it was sent."""
+        try:
+            text = _dumps(message)
+        except (TypeError, ValueError, RecursionError):
+            return False  # the checked way names what is wrong, or streams a deep value
+        if len(text) > self._chunk:  # ASCII: as many bytes as characters
+            return False
+        payload = text.encode()
+        self._check_text(payload, value)
+        self._send(payload)
+        return True
 
     def _message(
         self, kind: str, value: Any, usage: dict[str, float] | None, message: dict[str, Any]

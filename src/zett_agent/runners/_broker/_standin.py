@@ -95,7 +95,8 @@ class BrokeredModel:
         return (_rebuild, (self.slot, self.model, self.retry, self.span_attributes))
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        from zett_agent.process import emit
+        # as JSON takes it (the parent sends it on as JSON), unwalked when it fits one frame
+        from zett_agent.process._child._worker import emit_json as emit
 
         client = _client()
         call_id, answers = client.open()
