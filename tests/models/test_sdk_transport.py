@@ -162,3 +162,86 @@ async def test_http_goes_to_the_proxy_and_no_proxy_connects_directly(
     assert completed(events).message.content == completed(again).message.content == "Hello"
     assert len(proxy.requests) == 1
     assert [r.path for r in server.requests] == ["/v1/chat/completions"] * 2
+
+
+# -- what the connections promise whatever carries them -------------------------------------------
+
+
+async def test_bytes_a_server_sends_before_the_tls_handshake_are_never_parsed(
+    test_ca: None,
+) -> None:
+    """What arrives before TLS is no part of what TLS protects: refused, never an answer."""
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n"
+    sent, gone = asyncio.Event(), asyncio.Event()
+
+    async def early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(answer)  # at once, in plain text, before a ClientHello is answered
+            await writer.drain()
+            sent.set()
+            while await reader.read(1024):  # until the client gives up (or resets)
+                pass
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            gone.set()
+
+    server = await asyncio.start_server(early, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        model = OpenAIChatModel("m", base_url=f"https://127.0.0.1:{port}/v1", timeout=5.0)
+        async with asyncio.timeout(HANG_GUARD):
+            error = await raises(model)
+            await gone.wait()  # the client closed its side
+    assert sent.is_set()
+    assert isinstance(error, TransientModelError) and error.status is None
+    assert "could not talk to the model endpoint" in str(error)
+
+
+async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
+    """A kept-alive connection the server has closed since is dropped, not sent the next call."""
+    served: list[int] = []  # the connection (by number) each request came on
+    connections = 0
+    body = b"".join(sse(chunk({"role": "assistant", "content": "Hello"}), chunk({}, "stop")))
+
+    async def keep_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        number = connections
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        await reader.readexactly(length)
+        served.append(number)
+        writer.write(  # kept alive, as far as the client knows
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()  # then closed while the client holds it idle
+
+    server = await asyncio.start_server(keep_then_close, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        model = OpenAIChatModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=5.0)
+        try:
+            for _ in range(3):
+                events = await asyncio.wait_for(collect(model.stream(HELLO)), HANG_GUARD)
+                assert completed(events).message.content == "Hello"
+                await asyncio.sleep(0.05)  # the server's close has arrived meanwhile
+        finally:
+            await model.aclose()
+    assert served == [1, 2, 3]  # each call on a new connection, none lost on a dead one
+
+
+async def test_a_large_body_streams_whole() -> None:
+    """A body of a megabyte, read a piece at a time in turns, comes whole and in order."""
+    text = "x" * 1000
+    pieces = 1024
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": text}) for _ in range(pieces)] + [chunk({}, "stop")]
+    async with LoopbackServer([Reply(chunks=[b"".join(sse(*chunks))])]) as server:
+        model = OpenAIChatModel("m", base_url=server.url, timeout=5.0)
+        events = await asyncio.wait_for(collect(model.stream(HELLO)), HANG_GUARD)
+    assert completed(events).message.content == text * pieces
