@@ -15,9 +15,9 @@ it waits closes its connection as it would in any read.
 
 The HTTP library's connection pool takes its network backend as an option the SDKs' clients do
 not pass on, so ``pace_reads`` replaces the backend of a client's pools after they are built
-(each pool's private ``_network_backend``, the place every version of the library keeps it).
-A client whose pools do not have one (another HTTP library, a custom transport) is left as it
-is: its calls still take turns after the library's part of each read.
+(each pool's private ``_network_backend``, where the library and its fork the SDKs now use
+keep it). A client whose pools do not have one (another HTTP library, a custom transport) is
+left as it is: its calls still take turns after the library's part of each read.
 """
 
 from __future__ import annotations
