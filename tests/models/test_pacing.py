@@ -137,12 +137,13 @@ async def test_what_a_connection_reads_waits_for_its_turn_before_the_http_librar
     parsed; it is left alone here, so what holds the response is the read's own turn.)
     """
     openai = pytest.importorskip("openai")
-    gate = asyncio.Event()
+    gate, read_waits = asyncio.Event(), asyncio.Event()
     waited = 0
 
     async def shut_turn() -> None:
         nonlocal waited
         waited += 1
+        read_waits.set()
         await gate.wait()
 
     sent = asyncio.Event()
@@ -168,10 +169,15 @@ async def test_what_a_connection_reads_waits_for_its_turn_before_the_http_librar
     answer = asyncio.ensure_future(client.send(request, stream=True))
     try:
         await asyncio.wait_for(sent.wait(), HANG_GUARD)
-        for _ in range(20):  # the loop runs on: the response is in the socket, then read
-            await asyncio.sleep(0.005)
-        assert waited == 1  # the read that brought the head waits for its turn
-        assert not answer.done()  # and nothing of it has been parsed meanwhile
+        # whichever comes first: the read that brought the response asks for its turn, or the
+        # library parses the response without one
+        asking = asyncio.ensure_future(read_waits.wait())
+        await asyncio.wait({asking, answer}, timeout=HANG_GUARD, return_when="FIRST_COMPLETED")
+        asking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asking
+        assert read_waits.is_set() and waited == 1  # the read waits for its turn
+        assert not answer.done()  # and nothing of the response has been parsed
         gate.set()
         response = await asyncio.wait_for(answer, HANG_GUARD)
         assert response.status_code == 200
