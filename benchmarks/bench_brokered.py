@@ -19,7 +19,7 @@ Four measurements, each against an OpenAI-compatible endpoint on loopback, with
    checks it got every delta, in order; a 1 ms ticker on the parent's event
    loop measures how late it wakes while they stream (the parent's loop stall, p99 and max).
    Once per niceness of ``--nice``: at 0 the pool's session shares the CPU with the parent's
-   as an equal, at 10 (the demo's, and the embedding guide's) it yields to it.
+   as an equal, at 10 (``ProcessRunner``'s default) it yields to it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from _counting_child import Counting
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.models._extras import sdk
 from zett_agent.models.openai import OpenAIChatModel
-from zett_agent.runners import ChildSpec, ProcessRunner
+from zett_agent.runners import DEFAULT_NICE, ChildSpec, ProcessRunner
 
 HANG_GUARD = 600.0
 TICK = 0.001
@@ -227,7 +227,8 @@ async def main(arguments: argparse.Namespace) -> None:
     for streamed in fanned:
         rows += [
             (
-                f"{streamed['children']} streaming at nice {streamed['nice']}: stall p99",
+                f"{streamed['children']} streaming at nice {streamed['nice']}"
+                f"{' (default)' if streamed['nice'] == DEFAULT_NICE else ''}: stall p99",
                 f"{streamed['stall_p99_ms']:.2f} ms",
                 "",
                 "<= 5 ms (1,000)",

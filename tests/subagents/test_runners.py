@@ -4,6 +4,7 @@ their cause, and the runner interface both built-in runners implement."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from support.calls import call
-from support.children import LOADED, WHOAMI, AnnounceAndBlock
+from support.children import LOADED, PRIORITY, WHOAMI, AnnounceAndBlock
 from support.reaping import reap_adopted
 from support.scripted_models import StepModel
 from support.scripted_models import ToolsThenAnswer as ChildModel
@@ -33,7 +34,7 @@ from zett_agent.messages import AssistantMessage
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.process import JobFailed, JobTimeout, LimitExceeded, ProcessError, WorkerCrashed
 from zett_agent.process._host._pool import engine_of
-from zett_agent.runners import ChildJob, ChildRunner, InProcessRunner, ProcessRunner
+from zett_agent.runners import DEFAULT_NICE, ChildJob, ChildRunner, InProcessRunner, ProcessRunner
 from zett_agent.runners._preload import RUNTIME_MODULES
 from zett_agent.runners._process import _BROKER_MODULES, warming
 from zett_agent.runners._report import failure_reason
@@ -177,6 +178,20 @@ async def test_a_child_imports_none_of_the_parents_side() -> None:
         [task] = await _one_request(extension, start=True)
         assert task.status is SubAgentTaskStatus.COMPLETED, task.error
         assert task.output == ""
+
+
+@pytest.mark.parametrize("nice", [None, 0, 3])
+async def test_children_run_behind_the_parent_unless_told_otherwise(nice: int | None) -> None:
+    """A process child and its session run at ``DEFAULT_NICE`` (10) above the parent by
+    default: where they want the parent's core, its event loop goes first. ``nice=`` sets
+    both; 0 keeps them the parent's equals."""
+    model = ChildModel("{last}", [("priority", {})])
+    runner = ProcessRunner() if nice is None else ProcessRunner(nice=nice)
+    async with AsyncSubAgentExtension([definition(model, tools=[PRIORITY])], runner=runner) as ext:
+        [task] = await _one_request(ext, start=True)
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    want = DEFAULT_NICE if nice is None else nice
+    assert json.loads(task.output) == [min(19, os.nice(0) + want), want]
 
 
 async def _one_request(extension: AsyncSubAgentExtension, *, start: bool = False) -> list[Any]:

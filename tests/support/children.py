@@ -131,6 +131,13 @@ def _whoami() -> str:
     return str(os.getpid())
 
 
+def _priority() -> str:
+    """This process's niceness and its session's (its autogroup's, for the scheduler)."""
+    with open("/proc/self/autogroup") as file:
+        words = file.read().split()  # "/autogroup-123 nice 10"
+    return json.dumps([os.nice(0), int(words[-1]) if words else 0])
+
+
 def _loaded(names: str) -> str:
     import sys
 
@@ -204,6 +211,8 @@ BURN = AgentTool("burn", "Burn CPU.", schema(seconds="number"), burn)
 #: burns CPU and answers when it started and ended (wall clock), as JSON
 BURN_TIMED = AgentTool("burn", "Burn CPU, say when.", schema(seconds="number"), _burn_timed)
 WHOAMI = AgentTool("whoami", "Return the pid.", schema(), _whoami)
+#: answers ``[its niceness, its session's niceness]`` as JSON
+PRIORITY = AgentTool("priority", "Say how nice.", schema(), _priority)
 #: answers which of the comma-separated module ``names`` the child's process has imported
 LOADED = AgentTool("loaded", "Say which modules are imported.", schema(names="string"), _loaded)
 #: reports progress 2 of 3, then progress reports of every wrong shape

@@ -33,7 +33,12 @@ if TYPE_CHECKING:
     from zett_agent.runners._base import ChildJob, ChildRunner
     from zett_agent.runners._child import ChildSpec, run_child, unpicklable_part
     from zett_agent.runners._inprocess import InProcessJob, InProcessRunner
-    from zett_agent.runners._process import DEFAULT_MAX_CHILDREN, ProcessChildJob, ProcessRunner
+    from zett_agent.runners._process import (
+        DEFAULT_MAX_CHILDREN,
+        DEFAULT_NICE,
+        ProcessChildJob,
+        ProcessRunner,
+    )
 
 #: public name -> the module it lives in (imported on first access: a child imports
 #: ``runners._child`` without the runners' host sides, their engine and its dependencies)
@@ -42,6 +47,7 @@ _HOMES: dict[str, str] = {
     "ChildRunner": "zett_agent.runners._base",
     "ChildSpec": "zett_agent.runners._child",
     "DEFAULT_MAX_CHILDREN": "zett_agent.runners._process",
+    "DEFAULT_NICE": "zett_agent.runners._process",
     "InProcessJob": "zett_agent.runners._inprocess",
     "InProcessRunner": "zett_agent.runners._inprocess",
     "ProcessChildJob": "zett_agent.runners._process",
@@ -52,6 +58,7 @@ _HOMES: dict[str, str] = {
 
 __all__ = [
     "DEFAULT_MAX_CHILDREN",
+    "DEFAULT_NICE",
     "ChildJob",
     "ChildRunner",
     "ChildSpec",

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from zett_agent.process import ProcessJob, ProcessLimits, Sandbox
     from zett_agent.runners._broker._parent import Broker
 
-__all__ = ["DEFAULT_MAX_CHILDREN", "ProcessChildJob", "ProcessRunner", "warming"]
+__all__ = ["DEFAULT_MAX_CHILDREN", "DEFAULT_NICE", "ProcessChildJob", "ProcessRunner", "warming"]
 
 #: what a brokered child imports beyond the runtime (preloaded with ``broker=True``)
 _BROKER_MODULES = (
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 #: 2 GiB, and their descriptors in the parent (a socket, and a pidfd with the reworked engine)
 #: stay inside the common limit of 1024 open files.
 DEFAULT_MAX_CHILDREN = 256
+#: the children's niceness when none is given: background work, behind the parent's event loop
+#: (``nice``'s own default adjustment)
+DEFAULT_NICE = 10
 
 
 class ProcessChildJob(WrappedJob):
@@ -214,9 +217,11 @@ class ProcessRunner:
             use``.
         spare_processes: Processes kept forked ahead of demand (default 2).
         nice: Lower CPU priority of every child, from its fork on, and of the pool's session
-            (0 to 19, default 0): for children that must not take a core from the parent's
-            event loop. At 0 the children, as one session, share the CPU with the parent's
-            as equals; the demo and the embedding guide use 10.
+            (0 to 19, default ``DEFAULT_NICE``, 10): children are the parent's background
+            work, and where they and the parent's event loop want the same core, the loop goes
+            first (the pool's session weighs about a tenth of the parent's; an idle parent
+            leaves them every core). At 0 the children, as one session, share the CPU with the
+            parent's as equals. A shared ``pool`` keeps its own (``ProcessPool``'s default: 0).
         kill_grace: Seconds between SIGTERM and SIGKILL when a child is cancelled (default:
             SIGKILL at once).
         preload: ``None`` (default): import, once in the launcher before it forks, the
@@ -294,7 +299,9 @@ class ProcessRunner:
         self.preload_exclude = check_names(
             "ProcessRunner(preload_exclude=...)", preload_exclude, "module names"
         )
-        self.nice = 0 if nice is None else check_int("ProcessRunner(nice=...)", nice, 0, 19)
+        self.nice = (
+            DEFAULT_NICE if nice is None else check_int("ProcessRunner(nice=...)", nice, 0, 19)
+        )
         check_flag("ProcessRunner(broker=...)", broker)
         self.broker = broker
         self.__shared = pool
