@@ -203,6 +203,7 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
     """A kept-alive connection the server has closed since is dropped, not sent the next call."""
     served: list[int] = []  # the connection (by number) each request came on
     connections = 0
+    closed = asyncio.Event()  # the server closed the connection it last answered on
     body = b"".join(sse(chunk({"role": "assistant", "content": "Hello"}), chunk({}, "stop")))
 
     async def keep_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -220,6 +221,8 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
         )
         await writer.drain()
         writer.close()  # then closed while the client holds it idle
+        await writer.wait_closed()
+        closed.set()
 
     server = await asyncio.start_server(keep_then_close, "127.0.0.1", 0)
     async with server:
@@ -227,9 +230,11 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
         model = OpenAIChatModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=5.0)
         try:
             for _ in range(3):
+                closed.clear()
                 events = await asyncio.wait_for(collect(model.stream(HELLO)), HANG_GUARD)
                 assert completed(events).message.content == "Hello"
-                await asyncio.sleep(0.05)  # the server's close has arrived meanwhile
+                # the server's close reached the client's socket (on loopback, as it was sent)
+                await asyncio.wait_for(closed.wait(), HANG_GUARD)
         finally:
             await model.aclose()
     assert served == [1, 2, 3]  # each call on a new connection, none lost on a dead one
