@@ -99,3 +99,42 @@ def test_concurrent_first_calls_wait_for_the_sdk_import_to_finish() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "['Hello']"
+
+
+WARMED_AS_THE_EXTENSION_OPENS = """
+import asyncio, json, sys
+from zett_agent.extensions.async_subagent import AsyncSubAgentExtension
+from zett_agent.extensions.subagent import SubAgentDefinition
+from zett_agent.models import _sdk_http
+from zett_agent.models.anthropic import AnthropicModel
+from zett_agent.models.openai import OpenAIChatModel
+from zett_agent.runners import ProcessRunner
+from zett_agent.runners._process import warming
+
+async def main():
+    models = [OpenAIChatModel("m", base_url="http://127.0.0.1:9/v1"),
+              AnthropicModel("m", base_url="http://127.0.0.1:9")]
+    definitions = [SubAgentDefinition(f"d{{i}}", "d", "p", m) for i, m in enumerate(models)]
+    runner = ProcessRunner(broker={broker})
+    async with AsyncSubAgentExtension(definitions, runner=runner):
+        await warming(runner)
+        print(json.dumps({{
+            "sdks": sorted({{"openai", "anthropic"}} & set(sys.modules)),
+            "clients_ready": len(_sdk_http._ready),
+            "tls_context": _sdk_http._context is not None,
+        }}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("broker", [True, False], ids=["brokered-default", "unbrokered"])
+def test_a_brokering_parent_imports_its_sdks_as_the_extension_opens(broker: bool) -> None:
+    """Before any call: the SDKs, the TLS context and a first client of each SDK's HTTP
+    client class, off the event loop, so the first brokered call does not wait hundreds of
+    milliseconds for them. A parent whose children call their models themselves imports none."""
+    out = run(WARMED_AS_THE_EXTENSION_OPENS.format(broker=broker))
+    if broker:
+        assert out == {"sdks": ["anthropic", "openai"], "clients_ready": 2, "tls_context": True}
+    else:
+        assert out == {"sdks": [], "clients_ready": 0, "tls_context": False}

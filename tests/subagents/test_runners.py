@@ -159,6 +159,80 @@ async def test_a_definition_without_a_model_waits_for_the_parents_model() -> Non
         assert warming(runner) is None  # what the children import depends on it
 
 
+# -- warming up the models a brokering runner calls in the parent ---------------------------
+
+
+@pytest.mark.parametrize("broker", [True, False], ids=["brokered-default", "unbrokered"])
+async def test_a_brokering_runner_warms_up_its_childrens_models_in_the_parent_once_per_class(
+    broker: bool,
+) -> None:
+    """What a model's first call does once (an SDK's import) is done as the extension opens,
+    in the process that will make the calls: the parent, only when it brokers them."""
+
+    class Warmed(ChildModel):
+        brokerable = True
+        warmed_in: list[int] = []
+
+        async def warm_up(self) -> None:
+            self.warmed_in.append(os.getpid())
+
+    runner = ProcessRunner(broker=broker)
+    definitions = [definition(Warmed("a")), definition(Warmed("b"), name="v")]
+    async with AsyncSubAgentExtension(definitions, runner=runner) as extension:
+        booting = warming(runner)
+        assert booting is not None
+        await booting  # the pool's start and the models' warm-up
+        assert Warmed.warmed_in == ([os.getpid()] if broker else [])
+        await _one_request(extension, start=True)  # each start tells the runner again
+    assert Warmed.warmed_in == ([os.getpid()] if broker else [])
+
+
+async def test_the_parents_own_model_is_warmed_up_at_its_first_request() -> None:
+    """A definition with ``model=None`` uses the parent's model, known at its first request."""
+
+    class WarmedParent(StepModel):
+        brokerable = True
+        warmed = 0
+
+        async def warm_up(self) -> None:
+            type(self).warmed += 1
+
+    runner = ProcessRunner()
+    async with AsyncSubAgentExtension([definition(None)], runner=runner) as extension:
+        assert warming(runner) is None
+        client = await create_agent(
+            WarmedParent([AssistantMessage("idle")]),
+            config=AgentRunConfig(session_id="s"),
+            extensions=[extension],
+        )
+        async with client, asyncio.timeout(HANG_GUARD):
+            await client.run("go")
+        booting = warming(runner)
+        assert booting is not None
+        await booting
+        assert WarmedParent.warmed == 1
+
+
+async def test_a_model_whose_warm_up_fails_still_serves_the_first_child() -> None:
+    """The warm-up is ahead of time only: its failure is left for the first call to report
+    (here that call does not need what failed, so it succeeds)."""
+
+    class Unwarmable(ChildModel):
+        brokerable = True
+
+        async def warm_up(self) -> None:
+            raise OSError("no CA bundle here")
+
+    runner = ProcessRunner()
+    async with AsyncSubAgentExtension([definition(Unwarmable("fine"))], runner=runner) as ext:
+        booting = warming(runner)
+        assert booting is not None
+        await booting  # raises nothing
+        [task] = await _one_request(ext, start=True)
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    assert task.output == "fine"
+
+
 #: modules of the parent's side that a child never needs
 HOST_SIDE = (
     "zett_agent.runners._process",

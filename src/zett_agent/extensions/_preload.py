@@ -30,7 +30,7 @@ from zett_agent.extensions._definition import StartsChildren, SubAgentDefinition
 from zett_agent.runners._broker._standin import BrokeredModel
 from zett_agent.runners._preload import excluded
 
-__all__ = ["child_modules"]
+__all__ = ["brokerable_models", "child_modules"]
 
 
 def child_modules(
@@ -58,6 +58,21 @@ def child_modules(
             if name != "__main__":
                 found.setdefault(name, None)
     return tuple(found)
+
+
+def brokerable_models(
+    definitions: Sequence[SubAgentDefinition], parent_model: Any
+) -> tuple[Any, ...]:
+    """The brokerable models the children of these definitions use, at any depth (each once).
+
+    Those a brokering runner calls for them in this process (``parent_model`` stands for a
+    definition's ``model=None``), so it can warm them up ahead (``ProcessRunner.warm_up``).
+    """
+    found: dict[int, Any] = {}
+    for obj in _objects(definitions, parent_model, None, depth=0):
+        if not isinstance(obj, type) and getattr(type(obj), "brokerable", False) is True:
+            found.setdefault(id(obj), obj)
+    return tuple(found.values())
 
 
 def _objects(

@@ -16,7 +16,7 @@ from zett_agent.extensions._definition import (
     check_combination,
     default_subagents,
 )
-from zett_agent.extensions._preload import child_modules
+from zett_agent.extensions._preload import brokerable_models, child_modules
 from zett_agent.process import ProcessLimits, Sandbox
 from zett_agent.process._sandbox._options import check_sandbox
 from zett_agent.runners._base import ChildJob, ChildRunner
@@ -207,6 +207,8 @@ class ChildCore:
         #: numbers the children this extension started
         self.counter = 0
         self.modules: dict[type, tuple[str, ...]] = {}
+        #: the brokerable models the children use, per parent model type (for a process runner)
+        self.models: dict[type, tuple[Any, ...]] = {}
 
     def next_number(self) -> int:
         """The number of the next child this extension starts (1, 2, ...)."""
@@ -214,7 +216,11 @@ class ChildCore:
         return self.counter
 
     def warm_up(self, extension: ChildAgentExtension, parent_model: Model | None) -> None:
-        """Tell the runner what the coming children import (computed once per model type)."""
+        """Tell the runner what the coming children import (computed once per model type).
+
+        A ``ProcessRunner`` is told of the brokerable models too, which it calls for its
+        brokered children in this process and so warms up here.
+        """
         if isinstance(parent_model, ProgressModel):
             parent_model = parent_model.inner
         key = type(parent_model)
@@ -226,7 +232,13 @@ class ChildCore:
                 factory_of(extension),
                 brokered=getattr(self.runner, "broker", False) is True,
             )
-        self.runner.warm_up(modules)
+        if not _is_process_runner(self.runner):
+            self.runner.warm_up(modules)
+            return
+        models = self.models.get(key)
+        if models is None:
+            models = self.models[key] = brokerable_models(extension.subagents, parent_model)
+        self.runner.warm_up(modules, models=models)
 
     async def launch(
         self,

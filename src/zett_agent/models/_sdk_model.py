@@ -182,6 +182,20 @@ class SdkModel:
                 raise ModelError(str(exc)) from None
         return key
 
+    async def warm_up(self) -> None:
+        """Do, off the event loop, what this model's first call in this process does first.
+
+        Import the SDK, and build the process's TLS context and a first client of its HTTP
+        library (which imports the transport), each in a thread, once per process: a few
+        hundred milliseconds the first time, nothing after. A brokering ``ProcessRunner``
+        awaits it in the background as it warms up, so the parent's first brokered call does
+        not wait for it. Raises what that call would (``ImportError`` naming the install
+        command, ``OSError`` naming a CA bundle that cannot be loaded).
+        """
+        api = self._api
+        sdk = await loaded(api.sdk, api.adapter)
+        await client_ready(sdk.DefaultAsyncHttpxClient)
+
     @contextlib.asynccontextmanager
     async def _streamed(
         self, encode: Callable[[], dict[str, Any]]

@@ -315,6 +315,10 @@ class ProcessRunner:
         self.__wanted: dict[str, None] = {}
         self.__lock: asyncio.Lock | None = None
         self.__warming: asyncio.Task[None] | None = None
+        #: the model classes whose ``warm_up()`` was started (``warm_up(models=...)``), and the
+        #: tasks awaiting those started after the pool's
+        self.__models_warmed: set[type] = set()
+        self.__models_warming: set[asyncio.Task[None]] = set()
         self.__closed = False
         #: named in the warning for an unclosed pool; the extension sets it to its own name
         self.owner = "ProcessRunner"
@@ -350,23 +354,53 @@ class ProcessRunner:
 
     # -- ChildRunner ------------------------------------------------------------------------
 
-    def warm_up(self, modules: Iterable[str] = ()) -> None:
-        """Start the pool in the background, preloading ``modules`` (see ``preload``)."""
+    def warm_up(self, modules: Iterable[str] = (), *, models: Iterable[object] = ()) -> None:
+        """Start the pool in the background, preloading ``modules`` (see ``preload``).
+
+        With ``broker``, also warm up in this process the brokerable ``models`` among
+        ``models`` (the children's, which this process will call for them): each one's
+        ``warm_up()`` (``zett_agent.runners._broker._parent``), once per model class, beside
+        the pool's start. The subagent extensions pass them.
+        """
         if self.__closed:
             return
         if self.__own is None and self.__warming is None:
             for name in modules:
                 if name not in self.__wanted and not excluded(name, self.preload_exclude):
                     self.__wanted[name] = None
+        cold = self.__cold_models(models) if self.broker else []
+        loop = asyncio.get_running_loop()
         if self.__warming is None and (self.__shared is not None or self.__own is None):
-            self.__warming = asyncio.get_running_loop().create_task(self.__warm())
+            self.__warming = loop.create_task(self.__warm(cold))
+        elif cold:
+            task = loop.create_task(self.__warm_models(cold))
+            self.__models_warming.add(task)
+            task.add_done_callback(self.__models_warming.discard)
 
-    async def __warm(self) -> None:
-        try:
-            await self.__pool()
-        except Exception:
+    def __cold_models(self, models: Iterable[object]) -> list[object]:
+        """The brokerable ``models`` of classes not warmed up yet (now marked as warmed)."""
+        cold = []
+        for model in models:
+            kind = type(model)
+            if getattr(kind, "brokerable", False) is True and kind not in self.__models_warmed:
+                self.__models_warmed.add(kind)
+                cold.append(model)
+        return cold
+
+    async def __warm(self, models: Sequence[object]) -> None:
+        started, _ = await asyncio.gather(
+            self.__pool(), self.__warm_models(models), return_exceptions=True
+        )
+        if isinstance(started, Exception):
             # The first real submit starts the pool again and reports the error to its caller.
-            log.debug("warming up the process pool failed", exc_info=True)
+            log.debug("warming up the process pool failed", exc_info=started)
+
+    @staticmethod
+    async def __warm_models(models: Sequence[object]) -> None:
+        if models:
+            from zett_agent.runners._broker._parent import warm_up_models
+
+            await warm_up_models(models)
 
     async def submit(
         self,
@@ -451,8 +485,9 @@ class ProcessRunner:
         closed. Idempotent. A pool still starting is waited for, then closed.
         """
         self.__closed = True
-        if self.__warming is not None:
-            await asyncio.gather(self.__warming, return_exceptions=True)
+        await asyncio.gather(
+            *filter(None, (self.__warming, *self.__models_warming)), return_exceptions=True
+        )
         if self.__lock is not None:
             async with self.__lock:
                 pass  # a start in progress has finished (or failed) once the lock is free

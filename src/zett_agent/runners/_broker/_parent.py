@@ -33,6 +33,13 @@ time, at most 2 ms per event-loop callback, as the engine decodes frames. When t
 (completes, fails, is killed or cancelled) every call it had open is cancelled, which closes
 its provider request.
 
+**Ready before the first call.** A brokerable model may also define ``async warm_up()``: what
+its first call in a process does once (``OpenAIChatModel`` and ``AnthropicModel`` import their
+SDK and build the TLS context, a few hundred milliseconds). A brokering ``ProcessRunner`` awaits
+it for the models the extension tells it of (``warm_up_models``) in the background as it warms
+up, beside its pool's start, so the first child's first call does not wait for it; a failure
+there is left for that call to report.
+
 **Many calls at once take turns.** Before a call reads its next event it asks ``models._pacing``
 whether the loop's relaying budget for this turn (a quarter of a millisecond) is spent; if so
 it waits for a later loop iteration, a call per iteration in the order they came, so the
@@ -54,7 +61,7 @@ import io
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
@@ -89,6 +96,7 @@ __all__ = [
     "Broker",
     "brokerable",
     "pickle_brokered",
+    "warm_up_models",
 ]
 
 log = logging.getLogger(__name__)
@@ -151,6 +159,22 @@ def pickle_brokered(obj: object) -> tuple[bytes, list[Model]]:
     with io.BytesIO() as file:
         _BrokerPickler(file, models).dump(obj)
         return file.getvalue(), models
+
+
+async def warm_up_models(models: Iterable[object]) -> None:
+    """Await ``warm_up()`` of each model that has one, in turn; never raises.
+
+    A model whose warm-up fails (its SDK missing, a CA bundle that cannot be loaded) is left
+    for its first call, which raises the same error where the caller sees it.
+    """
+    for model in models:
+        warm_up = getattr(model, "warm_up", None)
+        if not callable(warm_up):
+            continue
+        try:
+            await warm_up()
+        except Exception:
+            log.debug("warming up %r failed; its first call will say why", model, exc_info=True)
 
 
 class Broker:
