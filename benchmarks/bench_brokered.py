@@ -39,7 +39,6 @@ import bench_subagents
 from _counting_child import Counting
 
 from zett_agent.extensions.subagent import SubAgentDefinition
-from zett_agent.models._extras import sdk
 from zett_agent.models.openai import OpenAIChatModel
 from zett_agent.runners import DEFAULT_NICE, ChildSpec, ProcessRunner
 
@@ -179,9 +178,6 @@ async def fan_out(children: int, deltas: int, nice: int = 0) -> dict[str, Any]:
 async def main(arguments: argparse.Namespace) -> None:
     print(f"command: uv run python benchmarks/bench_brokered.py {' '.join(sys.argv[1:])}")
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    # the parent's one-time import of the SDK (a brokered parent's first call does it, in a
-    # thread), out of the measurements
-    sdk("openai", "the benchmark")
     running = await bench_subagents.measure_running(
         arguments.children, arguments.repeats, ("process", "process, direct")
     )
