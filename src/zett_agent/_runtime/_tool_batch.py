@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import uuid
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +149,7 @@ class ToolBatch:
         hooks = self._hooks
         # what tool_context() returns in this call's task (a durable child's hook gives the
         # call its stable key in its own before_tool)
-        enter_tool_call(ToolContext(call, context.session_id, uuid.uuid4().hex))
+        enter_tool_call(ToolContext(call, context.session_id, os.urandom(16).hex()))
         await hooks.call(run, context, "before_tool", call)
         await hooks.publish(run, context, ToolCalledEvent(context.session_id, call))
         tool = run.tools.get(call.name)

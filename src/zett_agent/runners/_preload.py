@@ -15,7 +15,6 @@ RUNTIME_MODULES: tuple[str, ...] = (
     "zett_agent.agent",
     "zett_agent.runners._child",
     "zett_agent._tracing._span_record",  # a traced child records its spans with it
-    "zett_agent.extensions._file_tools",
     "zett_agent.extensions._child_build",
 )
 

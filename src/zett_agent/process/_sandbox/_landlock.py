@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import stat
 from typing import Any
 
@@ -134,7 +133,7 @@ def abi() -> tuple[int, str | None]:
     """
     global _abi, _abi_reason
     if _abi is None:
-        if platform.system() != "Linux":
+        if os.uname().sysname != "Linux":
             _abi, _abi_reason = 0, "Landlock is a Linux feature"
         else:
             version = _syscall(

@@ -59,7 +59,6 @@ from __future__ import annotations
 import ctypes
 import errno as _errno
 import os
-import platform
 import struct
 
 __all__ = ["REVIEWED", "available", "install", "load", "prepare", "program"]
@@ -316,7 +315,7 @@ def available() -> tuple[bool, str | None]:
 
 def _clone_flags_arg() -> int:
     # clone(flags, stack, ...) on almost every architecture; s390 swaps the first two
-    return 1 if platform.machine().startswith("s390") else 0
+    return 1 if os.uname().machine.startswith("s390") else 0
 
 
 def program(network: str = "none", view: bool = True, reviewed: int = REVIEWED) -> bytes:
@@ -418,7 +417,7 @@ def _newer_calls_guard(reviewed: int) -> bytes:
     nothing (libseccomp's program alone). Its jumps are relative, so putting these five
     instructions in front leaves libseccomp's own intact.
     """
-    arch = _AUDIT_ARCH.get(platform.machine())
+    arch = _AUDIT_ARCH.get(os.uname().machine)
     if arch is None:
         return b""
     load, jeq, jgt, ret = 0x20, 0x15, 0x25, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGT|K, RET|K
