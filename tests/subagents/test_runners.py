@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,34 @@ async def test_the_parents_own_model_is_warmed_up_at_its_first_request() -> None
         assert booting is not None
         await booting
         assert WarmedParent.warmed == 1
+
+
+async def test_a_subclass_that_overrides_warm_up_is_called_as_any_runner() -> None:
+    """``warm_up(modules)``, the ``ChildRunner`` signature: no ``models=`` it does not take."""
+
+    class Counting(ProcessRunner):
+        calls: list[tuple[str, ...]] = []
+
+        def warm_up(self, modules: Iterable[str] = ()) -> None:
+            self.calls.append(tuple(modules))
+            super().warm_up(modules)
+
+    class Warmed(ChildModel):
+        brokerable = True
+        warmed = 0
+
+        async def warm_up(self) -> None:
+            type(self).warmed += 1
+
+    runner = Counting()
+    async with AsyncSubAgentExtension([definition(Warmed("fine"))], runner=runner) as ext:
+        [task] = await _one_request(ext, start=True)
+    assert task.status is SubAgentTaskStatus.COMPLETED, task.error
+    # brokered: the children import the stand-in, not the model's module
+    assert Counting.calls and all(
+        "zett_agent.runners._broker._standin" in m for m in Counting.calls
+    )
+    assert Warmed.warmed == 0  # its own warm_up does not take models: none are warmed
 
 
 async def test_a_model_whose_warm_up_fails_still_serves_the_first_child() -> None:

@@ -232,7 +232,7 @@ class ChildCore:
                 factory_of(extension),
                 brokered=getattr(self.runner, "broker", False) is True,
             )
-        if not _is_process_runner(self.runner):
+        if not _warms_models(self.runner):
             self.runner.warm_up(modules)
             return
         models = self.models.get(key)
@@ -491,6 +491,17 @@ def warm_up(extension: ChildAgentExtension, parent_model: Model | None) -> None:
     is none (the MCP server): then only what the definitions' own models import counts.
     """
     child_core(extension).warm_up(extension, parent_model)
+
+
+def _warms_models(runner: object) -> TypeGuard[ProcessRunner]:
+    """Whether ``runner``'s ``warm_up`` is ``ProcessRunner``'s own, which takes ``models=``.
+
+    A subclass that overrides it is called as any ``ChildRunner`` is (``warm_up(modules)``).
+    """
+    module = sys.modules.get("zett_agent.runners._process")
+    return module is not None and (
+        getattr(type(runner), "warm_up", None) is module.ProcessRunner.warm_up
+    )
 
 
 def _is_process_runner(runner: object) -> TypeGuard[ProcessRunner]:
