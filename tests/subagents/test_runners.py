@@ -241,6 +241,28 @@ async def test_a_subclass_that_overrides_warm_up_is_called_as_any_runner() -> No
     assert Warmed.warmed == 0  # its own warm_up does not take models: none are warmed
 
 
+async def test_a_model_whose_warm_up_hangs_does_not_hold_the_close() -> None:
+    """A warm-up is only ahead of time: closing cancels one still under way."""
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    class Hanging(ChildModel):
+        brokerable = True
+
+        async def warm_up(self) -> None:
+            started.set()
+            try:
+                await asyncio.Event().wait()  # never set
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    async with asyncio.timeout(HANG_GUARD):
+        async with AsyncSubAgentExtension([definition(Hanging("x"))], runner=ProcessRunner()):
+            await started.wait()
+    assert cancelled.is_set()
+
+
 async def test_a_model_whose_warm_up_fails_still_serves_the_first_child() -> None:
     """The warm-up is ahead of time only: its failure is left for the first call to report
     (here that call does not need what failed, so it succeeds)."""

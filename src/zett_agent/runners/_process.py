@@ -316,7 +316,7 @@ class ProcessRunner:
         self.__lock: asyncio.Lock | None = None
         self.__warming: asyncio.Task[None] | None = None
         #: the model classes whose ``warm_up()`` was started (``warm_up(models=...)``), and the
-        #: tasks awaiting those started after the pool's
+        #: tasks awaiting them (cancelled by ``close()``: they are only ahead of time)
         self.__models_warmed: set[type] = set()
         self.__models_warming: set[asyncio.Task[None]] = set()
         self.__closed = False
@@ -368,11 +368,11 @@ class ProcessRunner:
             for name in modules:
                 if name not in self.__wanted and not excluded(name, self.preload_exclude):
                     self.__wanted[name] = None
-        cold = self.__cold_models(models) if self.broker else []
         loop = asyncio.get_running_loop()
         if self.__warming is None and (self.__shared is not None or self.__own is None):
-            self.__warming = loop.create_task(self.__warm(cold))
-        elif cold:
+            self.__warming = loop.create_task(self.__warm())
+        cold = self.__cold_models(models) if self.broker else []
+        if cold:
             task = loop.create_task(self.__warm_models(cold))
             self.__models_warming.add(task)
             task.add_done_callback(self.__models_warming.discard)
@@ -387,20 +387,18 @@ class ProcessRunner:
                 cold.append(model)
         return cold
 
-    async def __warm(self, models: Sequence[object]) -> None:
-        started, _ = await asyncio.gather(
-            self.__pool(), self.__warm_models(models), return_exceptions=True
-        )
-        if isinstance(started, Exception):
+    async def __warm(self) -> None:
+        try:
+            await self.__pool()
+        except Exception:
             # The first real submit starts the pool again and reports the error to its caller.
-            log.debug("warming up the process pool failed", exc_info=started)
+            log.debug("warming up the process pool failed", exc_info=True)
 
     @staticmethod
     async def __warm_models(models: Sequence[object]) -> None:
-        if models:
-            from zett_agent.runners._broker._parent import warm_up_models
+        from zett_agent.runners._broker._parent import warm_up_models
 
-            await warm_up_models(models)
+        await warm_up_models(models)
 
     async def submit(
         self,
@@ -485,6 +483,8 @@ class ProcessRunner:
         closed. Idempotent. A pool still starting is waited for, then closed.
         """
         self.__closed = True
+        for task in self.__models_warming:
+            task.cancel()  # ahead of time only: a model's warm-up that hangs must not hold this
         await asyncio.gather(
             *filter(None, (self.__warming, *self.__models_warming)), return_exceptions=True
         )
@@ -576,11 +576,15 @@ if TYPE_CHECKING:  # both satisfy the runner interface
         return runner, job
 
 
-def warming(runner: ProcessRunner) -> asyncio.Task[None] | None:
-    """The task starting ``runner``'s pool in the background (``warm_up``), if one was started.
+def warming(runner: ProcessRunner) -> asyncio.Future[Any] | None:
+    """What ``runner`` does in the background since ``warm_up``, if it started.
 
-    For the runners' own modules and tests: the runner keeps it name-mangled, so a subclass's
-    attributes never collide with it.
+    Its pool's start, together with the warm-ups still under way of the models it was told
+    of. For the runners' own modules, the tests and the benchmarks: the runner keeps them
+    name-mangled, so a subclass's attributes never collide with them.
     """
     task: asyncio.Task[None] | None = vars(runner)["_ProcessRunner__warming"]
-    return task
+    models: set[asyncio.Task[None]] = vars(runner)["_ProcessRunner__models_warming"]
+    if task is None or not models:
+        return task
+    return asyncio.gather(task, *models)
