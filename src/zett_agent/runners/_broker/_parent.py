@@ -38,7 +38,7 @@ its first call in a process does once (``OpenAIChatModel`` and ``AnthropicModel`
 SDK and build the TLS context, a few hundred milliseconds). A brokering ``ProcessRunner`` awaits
 it for the models the extension tells it of (``warm_up_models``) in the background as it warms
 up, beside its pool's start, so the first child's first call does not wait for it; a failure
-there is left for that call to report.
+there is left for that call to report, and closing the runner cancels a warm-up still under way.
 
 **Many calls at once take turns.** Before a call reads its next event it asks ``models._pacing``
 whether the loop's relaying budget for this turn (a quarter of a millisecond) is spent; if so
