@@ -155,6 +155,8 @@ class Counts:
     repeated_done_tool: int = 0
     rerun_not_done_tool: int = 0
     child_kills: int = 0
+    #: children killed once their last report was on its way: their task ended unkilled
+    late_child_kills: int = 0
     host_kills: int = 0
     resumes: int = 0
     tasks: int = 0
@@ -175,6 +177,7 @@ class Counts:
         return [
             ("tasks (20 steps each)", self.tasks),
             ("children killed (SIGKILL)", self.child_kills),
+            ("  and once their report was sent (not counted)", self.late_child_kills),
             ("hosts killed (SIGKILL)", self.host_kills),
             ("resumes (task_status)", self.resumes),
             ("model calls", self.model_calls),
@@ -315,16 +318,27 @@ async def _kill_children(
                 await asyncio.sleep(0.0005)
         if task.done():
             return
-        assert task.job is not None
-        pid = task.job.pid
+        job = task.job
+        assert job is not None
+        pid = job.pid
         assert pid is not None
         seen.add(pid)
         await asyncio.sleep(rng.uniform(0, within))
         if task.done() or task.job is None or task.job.pid != pid:
             continue
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        # a child whose last report was already on its way ends its task unkilled (the host
+        # takes the report), so only a kill its task resumed from counts: a next job proves it
+        async with asyncio.timeout(GUARD):
+            while not task.done() and task.job is job:  # noqa: ASYNC110 - no event for a new job
+                await asyncio.sleep(0.0005)
+        if task.job is not job:
             counts.child_kills += 1
+        else:
+            counts.late_child_kills += 1
 
 
 async def child_kills(
