@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -133,3 +134,104 @@ def _pidfd(pid: int) -> Iterator[int]:
 
 def _readable(fd: int) -> None:
     assert select.select([fd], [], [], GUARD)[0], "the member did not exit"
+
+
+# -- a member that runs again after its stop ------------------------------------------------------
+
+#: a subreaper W with a child Z; Z says "continued" on the report pipe whenever it is resumed,
+#: and forks a child Z'' (which reports its pid, then waits) for every byte it reads from the go
+#: pipe. Prints "W Z"
+RESUMABLE = """
+import os, signal, sys
+from zett_agent.process import _linux
+_linux.set_child_subreaper()
+go, report = int(sys.argv[1]), int(sys.argv[2])
+if os.fork() == 0:              # Z
+    signal.signal(signal.SIGCONT, lambda *_: os.write(report, b"continued\\n"))
+    while os.read(go, 1):
+        if os.fork() == 0:      # Z''
+            os.write(report, b"%d\\n" % os.getpid())
+            while True:
+                signal.pause()
+    os._exit(0)
+children = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
+print(os.getpid(), children[0], flush=True)
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.skipif(not _scan._HAVE_CHILDREN_FILE, reason="needs /proc/PID/task/TID/children")
+def test_a_member_resumed_after_its_stop_is_stopped_again_before_the_kill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Z, stopped in round two, is resumed (``SIGCONT``, as another member of its tree could)
+    as its list is read, and would fork as soon as it is told to. The freeze stops it again
+    before it ends: when the first ``SIGKILL`` goes out Z is stopped and cannot fork, and
+    nothing of the tree outlives the kill. (Were Z left running, the go byte written then would
+    make it fork a child that no list ever showed.)"""
+    go_r, go_w = os.pipe()
+    report_r, report_w = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-c", RESUMABLE, str(go_r), str(report_w)],
+        stdout=subprocess.PIPE,
+        pass_fds=(go_r, report_w),
+    )
+    os.close(go_r)
+    os.close(report_w)
+    reports = os.fdopen(report_r, "rb", buffering=0)
+    members: list[int] = []
+    try:
+        assert process.stdout is not None
+        w, z = (int(pid) for pid in process.stdout.readline().split())
+        members.append(z)
+        real_children, real_signal = _scan.children, _scan._signal
+        resumed: list[int] = []
+        at_kill: list[str] = []
+
+        def children(pid: int, procs: dict[int, tuple[int, str]] | None = None) -> set[int]:
+            if pid == z and not resumed:
+                os.kill(z, signal.SIGCONT)
+                assert _line(reports) == b"continued"
+                resumed.append(z)
+            return real_children(pid, procs)
+
+        def send(pid: int, signum: int, pidfds: dict[int, int]) -> bool:
+            if signum == signal.SIGKILL and not at_kill:
+                found = _scan.state(z)
+                at_kill.append(found[1] if found else "gone")
+                if at_kill[0] not in "Tt":
+                    os.write(go_w, b"g")
+                    members.append(int(_line(reports)))  # Z forked: Z'' is alive
+            return real_signal(pid, signum, pidfds)
+
+        monkeypatch.setattr(_scan, "children", children)
+        monkeypatch.setattr(_scan, "_signal", send)
+        fd = os.pidfd_open(w)
+        try:
+            killed = _scan.freeze_and_kill({w: fd}, pidfds={w: fd})
+            assert _scan.wait_dead(killed, GUARD)
+        finally:
+            os.close(fd)
+        assert resumed == [z], "Z's list was never read"
+        assert at_kill == ["T"], f"Z was {at_kill} when the kill began, not stopped again"
+        assert z in killed
+        assert [pid for pid in members if alive(pid)] == []
+    finally:
+        process.kill()
+        process.wait(GUARD)
+        os.close(go_w)
+        reports.close()
+        if process.stdout is not None:
+            process.stdout.close()
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _line(stream: Any) -> bytes:
+    """One line from ``stream`` (a pipe), within ``GUARD``."""
+    assert select.select([stream], [], [], GUARD)[0], "the tree did not report"
+    return bytes(stream.readline().strip())

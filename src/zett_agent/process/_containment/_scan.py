@@ -15,6 +15,15 @@ the round ends, so a second round over the same stopped set, every list read aft
 the child under the subreaper. A round that found something, even a pid gone before it could be
 stopped, counts as finding something.
 
+And a round counts as quiet only if, before its first list was read, every thread of every
+member was seen stopped (or traced, or dead). ``SIGSTOP`` stops no fork already under way: a
+member still running when its list is read (one slow to get a CPU on a loaded machine, one
+inside ``fork``, one that another member resumed with ``SIGCONT``) can add a child after it.
+Such a member gets ``SIGSTOP`` again in the next round, and the rounds go on. A member that
+cannot act on it (a thread in uninterruptible sleep: a ``vfork`` parent, a dead file server)
+cannot fork either while it sleeps; the rounds wait for it at most ``_SETTLE_WAIT`` in all, so no
+tree can keep the kill from ending.
+
 Children are read from ``/proc/PID/task/TID/children`` (every thread's list); on kernels built
 without it, from one scan of all of ``/proc`` per round.
 
@@ -46,6 +55,8 @@ _FROZEN = frozenset("TtZXx")
 #: how long to wait for one process to act on SIGSTOP before looking at its children anyway (a
 #: process in uninterruptible sleep stops when it wakes; it cannot fork before that)
 _STOP_WAIT = 0.05
+#: how long the rounds wait in all for every member to be seen stopped (see the docstring)
+_SETTLE_WAIT = 2.0
 #: how long to wait for killed processes to exit before giving up on confirming it (a process
 #: stuck in the kernel, e.g. on a dead NFS server, dies when the kernel lets it)
 _DEATH_WAIT = 5.0
@@ -142,6 +153,29 @@ def signal_tree(roots: Iterable[int], signum: int) -> set[int]:
     return done
 
 
+def _running(pids: Iterable[int]) -> set[int]:
+    """The ``pids`` some thread of which is neither stopped, traced nor dead (it may fork).
+
+    Every thread is looked at, not the leader alone: a group stop shows in the leader's state
+    before its last thread has stopped, and a leader that exited leaves its threads running.
+    """
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone: it forks no more
+        for tid in tids:
+            data = _read(f"/proc/{pid}/task/{tid}/stat")
+            if not data:
+                continue  # that thread is gone
+            at = data.rfind(b")") + 2  # the state letter follows the command name
+            if data[at : at + 1].decode("ascii", "replace") not in _FROZEN:
+                out.add(pid)
+                break
+    return out
+
+
 def _await_stopped(pids: Iterable[int]) -> None:
     """Wait until ``pids`` acted on their ``SIGSTOP``, at most ``_STOP_WAIT`` for all together.
 
@@ -174,27 +208,34 @@ def freeze_and_kill(
     subreapers reap them, and ``wait_dead`` waits until they exited. Each round lists the
     children of every stopped process (so orphans reparented inside the tree are found); the
     rounds end when two in a row find nothing new (see the module's docstring), however fast
-    the tree forks. Blocks the calling thread for about one round per level the tree grows
-    while it is being frozen, plus one.
+    the tree forks, and only once every member was seen stopped before the lists were read
+    (at most ``_SETTLE_WAIT`` is spent waiting for that). Blocks the calling thread for about
+    one round per level the tree grows while it is being frozen, plus one.
     """
     skip = set(exclude)
     stopped: set[int] = set()
     frontier = {pid for pid in roots if pid not in skip}
     procs: dict[int, tuple[int, str]] | None = None
     through = pidfds or {}
-    quiet = 0  # rounds in a row that found nothing new
+    running: set[int] = set()  # members seen running in the last round
+    settle_by = time.monotonic() + _SETTLE_WAIT
+    quiet = 0  # rounds in a row that found nothing new, every member seen stopped first
     while quiet < 2:
         newly = {pid for pid in frontier if _signal(pid, signal.SIGSTOP, through)}
+        for pid in running:
+            _signal(pid, signal.SIGSTOP, through)  # resumed by a member, or slow to stop
         stopped |= newly
-        # stopped before they are listed: from then on none of them can fork
-        _await_stopped(newly)
+        _await_stopped(newly | running)
+        # seen stopped before any list is read: from then on none of them adds a child
+        running = _running(stopped)
         if not _HAVE_CHILDREN_FILE:
             procs = scan()
         found: set[int] = set()
         for pid in stopped:
             found |= children(pid, procs)
         frontier = found - stopped - skip
-        quiet = 0 if frontier else quiet + 1
+        settled = not running or time.monotonic() > settle_by
+        quiet = quiet + 1 if settled and not frontier else 0
     for pid in stopped:
         _signal(pid, signal.SIGKILL, through)
     return stopped
