@@ -66,15 +66,21 @@ def tree() -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
         members = [z, grandchild]
         yield process, z, grandchild
     finally:
-        process.kill()
-        process.wait(GUARD)
-        if process.stdout is not None:
-            process.stdout.close()
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        _end(process, members)
+
+
+def _end(process: subprocess.Popen[bytes], members: list[int]) -> None:
+    """Kill and reap W, then its members (this process's children once W is dead: the leak
+    guard makes it a subreaper, so their pids stay theirs until reaped here)."""
+    process.kill()
+    process.wait(GUARD)
+    if process.stdout is not None:
+        process.stdout.close()
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 @pytest.mark.skipif(not _scan._HAVE_CHILDREN_FILE, reason="needs /proc/PID/task/TID/children")
@@ -218,17 +224,9 @@ def test_a_member_resumed_after_its_stop_is_stopped_again_before_the_kill(
         assert z in killed
         assert [pid for pid in members if alive(pid)] == []
     finally:
-        process.kill()
-        process.wait(GUARD)
         os.close(go_w)
         reports.close()
-        if process.stdout is not None:
-            process.stdout.close()
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        _end(process, members)
 
 
 def _line(stream: Any) -> bytes:
