@@ -21,8 +21,9 @@ member still running when its list is read (one slow to get a CPU on a loaded ma
 inside ``fork``, one that another member resumed with ``SIGCONT``) can add a child after it.
 Such a member gets ``SIGSTOP`` again in the next round, and the rounds go on. A member that
 cannot act on it (a thread in uninterruptible sleep: a ``vfork`` parent, a dead file server)
-cannot fork either while it sleeps; the rounds wait for it at most ``_SETTLE_WAIT`` in all, so no
-tree can keep the kill from ending.
+cannot fork either while it sleeps; the rounds wait for it at most ``_SETTLE_WAIT`` after the
+last round that found a new member (a large tree on a loaded machine may take longer than that
+to find), so no tree can keep the kill from ending.
 
 Children are read from ``/proc/PID/task/TID/children`` (every thread's list); on kernels built
 without it, from one scan of all of ``/proc`` per round.
@@ -55,7 +56,8 @@ _FROZEN = frozenset("TtZXx")
 #: how long to wait for one process to act on SIGSTOP before looking at its children anyway (a
 #: process in uninterruptible sleep stops when it wakes; it cannot fork before that)
 _STOP_WAIT = 0.05
-#: how long the rounds wait in all for every member to be seen stopped (see the docstring)
+#: how long the rounds wait, after the last one that found a new member, for every member to
+#: be seen stopped (see the docstring)
 _SETTLE_WAIT = 2.0
 #: how long to wait for killed processes to exit before giving up on confirming it (a process
 #: stuck in the kernel, e.g. on a dead NFS server, dies when the kernel lets it)
@@ -209,8 +211,9 @@ def freeze_and_kill(
     children of every stopped process (so orphans reparented inside the tree are found); the
     rounds end when two in a row find nothing new (see the module's docstring), however fast
     the tree forks, and only once every member was seen stopped before the lists were read
-    (at most ``_SETTLE_WAIT`` is spent waiting for that). Blocks the calling thread for about
-    one round per level the tree grows while it is being frozen, plus one.
+    (at most ``_SETTLE_WAIT`` after the last new member is spent waiting for that). Blocks
+    the calling thread for about one round per level the tree grows while it is being frozen,
+    plus one.
     """
     skip = set(exclude)
     stopped: set[int] = set()
@@ -234,6 +237,8 @@ def freeze_and_kill(
         for pid in stopped:
             found |= children(pid, procs)
         frontier = found - stopped - skip
+        if frontier:  # the tree is still being found: the wait for the last ones starts later
+            settle_by = time.monotonic() + _SETTLE_WAIT
         settled = not running or time.monotonic() > settle_by
         quiet = quiet + 1 if settled and not frontier else 0
     for pid in stopped:
