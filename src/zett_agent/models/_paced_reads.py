@@ -17,13 +17,16 @@ The HTTP library's connection pool takes its network backend as an option the SD
 not pass on, so ``pace_reads`` replaces the backend of a client's pools after they are built
 (each pool's private ``_network_backend``, where the library and its fork the SDKs now use
 keep it). A client whose pools do not have one (another HTTP library, a custom transport) is
-left as it is: its calls still take turns after the library's part of each read.
+left as it is: its calls still take turns after the library's part of each read. The
+library's default backend is replaced by one on asyncio's own transports (``_asyncio_net``),
+which costs the parent less per call; a backend someone chose is kept, paced.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from zett_agent.models._asyncio_net import for_library
 from zett_agent.models._pacing import pace
 
 __all__ = ["pace_reads"]
@@ -90,6 +93,8 @@ def pace_reads(client: Any) -> int:
             continue
         if not callable(getattr(backend, "connect_tcp", None)):
             continue
-        pool._network_backend = _PacedBackend(backend)  # type: ignore[union-attr]
+        # the library's default backend goes through anyio: asyncio's own transports instead
+        native = for_library(backend)
+        pool._network_backend = _PacedBackend(native or backend)  # type: ignore[union-attr]
         changed += 1
     return changed
