@@ -476,3 +476,17 @@ def test_the_extensions_module_a_shipped_subclass_makes_a_child_import_is_light(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+def test_counts_tokens_agrees_with_the_protocol_for_each_kind_of_job() -> None:
+    from zett_agent.runners._base import CountsTokens, counts_tokens
+    from zett_agent.runners._inprocess import InProcessJob
+    from zett_agent.runners._process import ProcessChildJob
+    from zett_agent.runners._refused import RefusedJob
+
+    for kind in (ProcessChildJob, InProcessJob, RefusedJob):
+        job = object.__new__(kind)  # the class decides: no job needs to run
+        assert counts_tokens(job) is isinstance(job, CountsTokens)
+        assert counts_tokens(job) is isinstance(job, CountsTokens)  # and again, remembered
+    assert counts_tokens(object.__new__(ProcessChildJob))
+    assert not counts_tokens(object.__new__(InProcessJob))

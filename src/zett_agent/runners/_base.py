@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 if TYPE_CHECKING:
     from zett_agent.process import JobUsage, ProcessLimits, Sandbox
     from zett_agent.runners._child import ChildSpec
 
-__all__ = ["ChildJob", "ChildRunner", "CountsTokens", "JobOutcome", "SupportsSend", "WrappedJob"]
+__all__ = [
+    "ChildJob",
+    "ChildRunner",
+    "CountsTokens",
+    "JobOutcome",
+    "SupportsSend",
+    "WrappedJob",
+    "counts_tokens",
+]
 
 
 @runtime_checkable
@@ -188,6 +196,24 @@ class CountsTokens(Protocol):
         and closes those under way (each still charged).
         """
         ...
+
+
+#: job classes known to be ``CountsTokens`` or not (``counts_tokens``)
+_COUNTING: dict[type, bool] = {}
+
+
+def counts_tokens(job: object) -> TypeGuard[CountsTokens]:
+    """Whether ``job`` is a ``CountsTokens``, decided once for its class (its methods say).
+
+    The extension asks at every usage report of a child; on Python 3.11 the check of a runtime
+    protocol walks the protocol's members again at each call (tens of microseconds, about 4%
+    of the parent's loop while 1,000 brokered children started).
+    """
+    kind = type(job)
+    known = _COUNTING.get(kind)
+    if known is None:
+        known = _COUNTING[kind] = isinstance(job, CountsTokens)
+    return known
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from zett_agent.extensions._tasks._task import SubAgentTaskStatus
-from zett_agent.runners._base import CountsTokens
+from zett_agent.runners._base import counts_tokens
 
 if TYPE_CHECKING:
     from zett_agent.extensions._tasks._task import SubAgentTask
@@ -88,7 +88,7 @@ class TaskGuard(TaskPart):
         then makes no more model calls for it).
         """
         job = task.job
-        if task.trusted_tokens and job is not None and isinstance(job, CountsTokens):
+        if task.trusted_tokens and job is not None and counts_tokens(job):
             counted = job.tokens()
             if counted is not None:
                 # the parent's count of the calls it made is a floor the child cannot lower;

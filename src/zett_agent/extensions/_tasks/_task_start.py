@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from zett_agent.extensions._subagent import open_child_trace
 from zett_agent.extensions._tasks._durable import DurableState, check_durable
 from zett_agent.extensions._tasks._task import SubAgentTask
-from zett_agent.runners._base import CountsTokens, SupportsSend
+from zett_agent.runners._base import SupportsSend, counts_tokens
 
 if TYPE_CHECKING:
     from zett_agent.agent import AgentRunContext
@@ -134,7 +134,7 @@ class TaskStarter:
         """Count the started task's tokens as its job reports them, and start its watcher."""
         job = task.job
         assert job is not None
-        if isinstance(job, CountsTokens) and job.tokens() is not None:
+        if counts_tokens(job) and job.tokens() is not None:
             task.trusted_tokens = True
             job.on_tokens(lambda more: self.guard.tokens_counted(task, more))
         task.watcher = asyncio.get_running_loop().create_task(
