@@ -292,3 +292,26 @@ async def test_a_tls_handshake_that_never_completes_times_out(
         stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
         with pytest.raises(errors.ConnectTimeout):
             await stream.start_tls(client_tls(), "localhost", timeout=0.1)
+
+
+def test_only_a_name_races_its_addresses() -> None:
+    assert _asyncio_net._is_address("127.0.0.1")
+    assert _asyncio_net._is_address("::1")
+    assert not _asyncio_net._is_address("localhost")
+    assert not _asyncio_net._is_address("api.example.com")
+    assert not _asyncio_net._is_address("1.2.3")  # not an address: resolved as a name
+
+
+async def test_a_name_connects_too(backend: _asyncio_net.AsyncioBackend) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readexactly(2))
+        await writer.drain()
+        await reader.read()
+
+    async with serving(handle) as port:
+        stream = await backend.connect_tcp("localhost", port, timeout=HANG_GUARD)
+        try:
+            await stream.write(b"ok", timeout=HANG_GUARD)
+            assert await stream.read(10, timeout=HANG_GUARD) == b"ok"
+        finally:
+            await stream.aclose()
