@@ -73,6 +73,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -792,60 +793,54 @@ async def measure_cpu(k: int, rounds: int, repeats: int) -> dict[str, dict[str, 
 
 
 class HoldingEndpoint:
-    """An OpenAI-compatible endpoint on loopback, in its own thread and event loop.
+    """An OpenAI-compatible endpoint on loopback, in a process of its own (``_holding_endpoint``).
 
-    It reads each request (headers and body) and then holds the response open until it is
-    closed, so a child that reached it stays "running" (waiting on its model, as real children
-    mostly are). Each arrival is stamped with ``perf_counter`` and reported to ``queue`` (a
-    queue of the benchmark's loop).
+    It reads each request and then holds the response open until it is closed, so a child that
+    reached it stays "running" (waiting on its model, as real children mostly are). Each
+    arrival is stamped there with ``perf_counter`` and reported to ``queue`` (a queue of the
+    benchmark's loop). Until 2026-12-06 it ran in a thread of the benchmark's process, whose
+    parent then shared its CPU and its GIL with the endpoint (about 1 s of CPU for 1,000
+    requests): a provider does not run in the parent.
     """
 
     def __init__(self, queue: asyncio.Queue[float], loop: asyncio.AbstractEventLoop) -> None:
         self._queue = queue
-        self._main = loop
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._server: asyncio.base_events.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-        self.port = 0
-        self._thread = threading.Thread(target=self._run, name="endpoint", daemon=True)
-        self._thread.start()
-        self._ready.wait(HANG_GUARD)
+        self._loop = loop
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_holding_endpoint.py")
+        self._proc = subprocess.Popen(
+            [sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )
+        assert self._proc.stdout is not None and self._proc.stdin is not None
+        self._out = self._proc.stdout.fileno()
+        port = b""
+        while not port.endswith(b"\n"):
+            byte = os.read(self._out, 1)  # its port, alone on the first line
+            if not byte:
+                raise RuntimeError("the holding endpoint ended before it listened")
+            port += byte
+        self.port = int(port)
+        self._buffer = b""
+        os.set_blocking(self._out, False)
+        loop.add_reader(self._out, self._read)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.append(writer)
-        with contextlib.suppress(Exception):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
-            self._main.call_soon_threadsafe(self._queue.put_nowait, time.perf_counter())
-            await reader.read()  # hold until the client goes away
+    def _read(self) -> None:
+        try:
+            data = os.read(self._out, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            self._loop.remove_reader(self._out)
+            return
+        *lines, self._buffer = (self._buffer + data).split(b"\n")
+        for line in lines:
+            self._queue.put_nowait(float(line))
 
     def close(self) -> None:
-        async def stop() -> None:
-            assert self._server is not None
-            self._server.close()
-            for writer in self._writers:
-                writer.close()
-            await asyncio.sleep(0)
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(HANG_GUARD)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(HANG_GUARD)
-        self._loop.close()
+        self._loop.remove_reader(self._out)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.close()
+        self._proc.wait(HANG_GUARD)
+        self._proc.stdout.close()
 
 
 def uss_mib(pid: int) -> float:
