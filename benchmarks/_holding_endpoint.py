@@ -17,6 +17,8 @@ import contextlib
 import sys
 import time
 
+from _serving import announce, until_stdin_closes
+
 
 async def serve() -> None:
     writers: list[asyncio.StreamWriter] = []
@@ -35,13 +37,8 @@ async def serve() -> None:
             await reader.read()  # hold until the client goes away
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    loop = asyncio.get_running_loop()
-    stdin_closed = loop.create_future()
-    loop.add_reader(
-        sys.stdin.fileno(), lambda: stdin_closed.done() or stdin_closed.set_result(None)
-    )
-    await stdin_closed
+    announce(server)
+    await until_stdin_closes()
     server.close()
     for writer in writers:
         writer.close()

@@ -27,6 +27,8 @@ from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from typing import Any
 
+from _serving import announce, until_stdin_closes
+
 from zett_agent.agent import Agent
 from zett_agent.extensions._subagent import ChildAgentExtension
 from zett_agent.extensions.subagent import SubAgentDefinition
@@ -98,13 +100,8 @@ class Endpoint:
 
     async def serve(self) -> None:
         server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        loop = asyncio.get_running_loop()
-        stdin_closed = loop.create_future()
-        loop.add_reader(
-            sys.stdin.fileno(), lambda: stdin_closed.done() or stdin_closed.set_result(None)
-        )
-        await stdin_closed
+        announce(server)
+        await until_stdin_closes()
         server.close()
         await server.wait_closed()
         print(json.dumps(sorted(self.keys)), flush=True)

@@ -37,6 +37,7 @@ from typing import Any
 import bench_broker
 import bench_subagents
 from _counting_child import Counting
+from _serving import announce, until_stdin_closes
 
 from zett_agent.extensions.subagent import SubAgentDefinition
 from zett_agent.models.openai import OpenAIChatModel
@@ -66,13 +67,8 @@ class FanOutEndpoint:
 
     async def serve(self) -> None:
         server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=4096)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        loop = asyncio.get_running_loop()
-        stdin_closed = loop.create_future()
-        loop.add_reader(
-            sys.stdin.fileno(), lambda: stdin_closed.done() or stdin_closed.set_result(None)
-        )
-        await stdin_closed
+        announce(server)
+        await until_stdin_closes()
         server.close()
         print(self.served, flush=True)
 

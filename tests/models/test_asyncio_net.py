@@ -68,6 +68,24 @@ async def serving(handle: Handler, tls: ssl.SSLContext | None = None) -> AsyncIt
         await server.wait_closed()
 
 
+@contextlib.asynccontextmanager
+async def connected(
+    backend: _asyncio_net.AsyncioBackend, handle: Handler
+) -> AsyncIterator[_asyncio_net.AsyncioStream]:
+    """A stream of ``backend`` to a loopback server running ``handle``, closed at the end."""
+    async with serving(handle) as port:
+        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
+
+
+async def until_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server's side that reads until the client goes away."""
+    await reader.read()
+
+
 def server_tls() -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(TLS / "server.pem", TLS / "server.key")
@@ -113,20 +131,16 @@ async def test_bytes_arrive_whole_and_in_order_and_the_end_reads_empty(
         writer.write_eof()
         await reader.read()
 
-    async with serving(handle) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
-        try:
-            await stream.write(b"hello", timeout=HANG_GUARD)
-            got = bytearray()
-            while chunk := await stream.read(65536, timeout=HANG_GUARD):
-                assert len(chunk) <= 65536
-                got += chunk
-            assert bytes(got) == b"hello" + sent
-            assert await stream.read(65536, timeout=HANG_GUARD) == b""
-            assert stream.get_extra_info("is_readable")  # ended: not to be reused
-            assert stream.get_extra_info("server_addr")[1] == port
-        finally:
-            await stream.aclose()
+    async with connected(backend, handle) as stream:
+        await stream.write(b"hello", timeout=HANG_GUARD)
+        got = bytearray()
+        while chunk := await stream.read(65536, timeout=HANG_GUARD):
+            assert len(chunk) <= 65536
+            got += chunk
+        assert bytes(got) == b"hello" + sent
+        assert await stream.read(65536, timeout=HANG_GUARD) == b""
+        assert stream.get_extra_info("is_readable")  # ended: not to be reused
+        assert stream.get_extra_info("server_addr")[0] == "127.0.0.1"
 
 
 async def test_a_connection_holds_a_bounded_amount_while_the_library_does_not_read(
@@ -146,34 +160,23 @@ async def test_a_connection_holds_a_bounded_amount_while_the_library_does_not_re
         writer.write_eof()
         await reader.read()
 
-    async with serving(handle) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
-        try:
-            await asyncio.wait_for(blocked.wait(), HANG_GUARD)
-            held = len(stream._conn.buffer)
-            assert 0 < held <= 2 * _asyncio_net._HIGH_WATER
-            got = 0
-            while chunk := await stream.read(1 << 20, timeout=HANG_GUARD):
-                got += len(chunk)
-            assert got == total  # reading resumed, nothing lost
-        finally:
-            await stream.aclose()
+    async with connected(backend, handle) as stream:
+        await asyncio.wait_for(blocked.wait(), HANG_GUARD)
+        held = len(stream._conn.buffer)
+        assert 0 < held <= 2 * _asyncio_net._HIGH_WATER
+        got = 0
+        while chunk := await stream.read(1 << 20, timeout=HANG_GUARD):
+            got += len(chunk)
+        assert got == total  # reading resumed, nothing lost
 
 
 async def test_a_read_from_a_silent_server_times_out(
     backend: _asyncio_net.AsyncioBackend, errors: Any
 ) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-
-    async with serving(handle) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
-        try:
-            with pytest.raises(errors.ReadTimeout):
-                await stream.read(100, timeout=0.05)
-            assert not stream.get_extra_info("is_readable")  # idle, still open
-        finally:
-            await stream.aclose()
+    async with connected(backend, until_closed) as stream:
+        with pytest.raises(errors.ReadTimeout):
+            await stream.read(100, timeout=0.05)
+        assert not stream.get_extra_info("is_readable")  # idle, still open
 
 
 async def test_a_write_to_a_server_that_never_reads_times_out(
@@ -185,15 +188,13 @@ async def test_a_write_to_a_server_that_never_reads_times_out(
         writer.transport.pause_reading()  # nothing read: the client's writes back up
         await release.wait()
 
-    async with serving(handle) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
-        try:
+    try:
+        async with connected(backend, handle) as stream:
             with pytest.raises(errors.WriteTimeout):
                 for _ in range(1024):  # at most 1 GiB: the buffers fill long before
                     await stream.write(b"y" * (1 << 20), timeout=0.2)
-        finally:
-            release.set()
-            await stream.aclose()
+    finally:
+        release.set()
 
 
 async def test_a_refused_connection_and_a_reset_one_raise_the_librarys_errors(
@@ -211,25 +212,17 @@ async def test_a_refused_connection_and_a_reset_one_raise_the_librarys_errors(
             socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
         )
 
-    async with serving(reset) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
-        try:
-            await stream.write(b"?", timeout=HANG_GUARD)
-            with pytest.raises(errors.ReadError):
-                while await stream.read(100, timeout=HANG_GUARD):
-                    pass
-        finally:
-            await stream.aclose()
+    async with connected(backend, reset) as stream:
+        await stream.write(b"?", timeout=HANG_GUARD)
+        with pytest.raises(errors.ReadError):
+            while await stream.read(100, timeout=HANG_GUARD):
+                pass
 
 
 async def test_a_closed_stream_neither_reads_nor_writes(
     backend: _asyncio_net.AsyncioBackend, errors: Any
 ) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-
-    async with serving(handle) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
+    async with connected(backend, until_closed) as stream:
         await stream.aclose()
         with pytest.raises(errors.ReadError):
             await stream.read(100, timeout=HANG_GUARD)
@@ -285,11 +278,8 @@ async def test_bytes_before_the_tls_handshake_are_refused_never_read_as_tunnelle
 async def test_a_tls_handshake_that_never_completes_times_out(
     backend: _asyncio_net.AsyncioBackend, errors: Any
 ) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # takes the client's hello, never answers
-
-    async with serving(handle) as port:
-        stream = await backend.connect_tcp("127.0.0.1", port, timeout=HANG_GUARD)
+    # the server takes the client's hello and never answers
+    async with connected(backend, until_closed) as stream:
         with pytest.raises(errors.ConnectTimeout):
             await stream.start_tls(client_tls(), "localhost", timeout=0.1)
 

@@ -27,7 +27,7 @@ import asyncio
 import socket
 import ssl
 import sys
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from types import ModuleType
 from typing import Any, cast
 
@@ -147,6 +147,26 @@ class _Connection(asyncio.Protocol):
             await asyncio.shield(writable)
 
 
+async def _within(
+    waiting: Coroutine[Any, Any, None],
+    timeout: float | None,  # noqa: ASYNC109 - the library's argument, passed on
+    error: type[Exception],
+    what: str,
+) -> None:
+    """Await ``waiting``, for at most ``timeout`` seconds (``None``: as long as it takes).
+
+    Raises ``error`` (the library's timeout) when the time is up.
+    """
+    try:
+        if timeout is None:
+            await waiting
+        else:
+            async with asyncio.timeout(timeout):
+                await waiting
+    except TimeoutError as exc:
+        raise error(f"{what} timed out") from exc
+
+
 class AsyncioStream:
     """One connection, as the HTTP library's ``AsyncNetworkStream``."""
 
@@ -161,14 +181,7 @@ class AsyncioStream:
         if conn.aborted:
             raise self._errors.ReadError("the connection is closed")
         if not conn.buffer:
-            try:
-                if timeout is None:
-                    await conn.readable()
-                else:
-                    async with asyncio.timeout(timeout):
-                        await conn.readable()
-            except TimeoutError as exc:
-                raise self._errors.ReadTimeout("the read timed out") from exc
+            await _within(conn.readable(), timeout, self._errors.ReadTimeout, "the read")
         if conn.buffer:
             return conn.take(max_bytes)
         if conn.error is not None:
@@ -185,14 +198,7 @@ class AsyncioStream:
                 str(conn.error) if conn.error is not None else "the connection is closed"
             )
         transport.write(buffer)
-        try:
-            if timeout is None:
-                await conn.writable()
-            else:
-                async with asyncio.timeout(timeout):
-                    await conn.writable()
-        except TimeoutError as exc:
-            raise self._errors.WriteTimeout("the write timed out") from exc
+        await _within(conn.writable(), timeout, self._errors.WriteTimeout, "the write")
         if conn.error is not None:
             raise self._errors.WriteError(str(conn.error) or type(conn.error).__name__)
 
