@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import ssl
 import struct
@@ -21,6 +22,8 @@ from zett_agent.models import _asyncio_net, _paced_reads
 from zett_agent.models._sdk_http import http_client
 
 HANG_GUARD = 30.0
+#: the most an event loop reads from a socket at once (asyncio's and uvloop's 256 KiB)
+ONE_READ = 256 * 1024
 TLS = Path(__file__).resolve().parent.parent / "support" / "tls"
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -163,11 +166,31 @@ async def test_a_connection_holds_a_bounded_amount_while_the_library_does_not_re
     async with connected(backend, handle) as stream:
         await asyncio.wait_for(blocked.wait(), HANG_GUARD)
         held = len(stream._conn.buffer)
-        assert 0 < held <= 2 * _asyncio_net._HIGH_WATER
+        assert 0 < held <= ONE_READ  # the first chunk; the rest waits in the socket
         got = 0
         while chunk := await stream.read(1 << 20, timeout=HANG_GUARD):
             got += len(chunk)
         assert got == total  # reading resumed, nothing lost
+
+
+async def test_an_idle_connection_whose_server_left_is_not_reused(
+    backend: _asyncio_net.AsyncioBackend,
+) -> None:
+    async with connected(backend, lambda reader, writer: reader.readexactly(1)) as stream:
+        conn = stream._conn
+        assert conn.transport is not None
+        # as after a chunk that came while no read waited (``data_received``): not reading
+        conn.transport.pause_reading()
+        conn._reading_paused = True
+        assert not stream.get_extra_info("is_readable")  # idle: it could take a request
+        await stream.write(b"!", timeout=HANG_GUARD)  # the server reads it and leaves
+        sock = stream.get_extra_info("socket")
+        readable = await asyncio.get_running_loop().run_in_executor(
+            None, select.select, [sock.fileno()], [], [], HANG_GUARD
+        )
+        assert readable[0]  # the server's end is in the socket, unread
+        assert not conn.eof
+        assert stream.get_extra_info("is_readable")  # so the pool drops it
 
 
 async def test_a_read_from_a_silent_server_times_out(

@@ -6,16 +6,22 @@ leaves cancel scopes, asks which event loop runs (``sniffio``) and yields to the
 and each connection starts a task group for its "happy eyeballs". Profiled in a parent making
 one streamed call after another to a loopback endpoint, that was about a fifth of the parent's
 CPU per call. This backend does the same work with one ``asyncio.Protocol`` per connection:
-a read takes what the connection buffered, or waits for it once; a write hands its bytes to
-the transport and waits only while the transport's buffer is full.
+a read takes what the connection holds, or waits for it once; a write hands its bytes to the
+transport and waits only while the transport's buffer is full.
 
-What a connection does is bounded as the library's own backends bound it: a read or write with
-a timeout ends at it (the library's ``ReadTimeout``, ``WriteTimeout``), a connection buffers at
-most ``_HIGH_WATER`` bytes before it stops reading from its socket until the library took them,
-and closing a connection drops it at once (no flush, no TLS close alert to wait for), as the
-library's ``anyio`` backend does. Bytes a server sent before a TLS handshake the library asks
-for (a proxy's ``CONNECT`` tunnel) are never taken for what comes through the tunnel: the
-handshake is refused.
+A connection reads its socket while a read waits for it, as the ``anyio`` backend does: what
+arrives while none does (a call waiting for its turn, ``_pacing``) is held, one chunk of it, and
+the rest stays in the socket until the next read. So a thousand streams that their servers write
+to at once cost the loop nothing outside their calls' turns, and a connection never holds more
+than the loop's one read of its socket (256 KiB) beyond what the library asked for. A read or
+write with a timeout ends at it (the library's ``ReadTimeout``, ``WriteTimeout``), and closing
+a connection drops it at once (no flush, no TLS close alert to wait for), as ``anyio``'s does.
+Bytes a server sent before a TLS handshake the library asks for (a proxy's ``CONNECT`` tunnel)
+are never taken for what comes through the tunnel: the handshake is refused.
+
+A second backend was tried here before (see docs/performance.md, "What moved the stall"):
+reading every socket as data came, it cost the loop a callback per delta outside any turn, and
+it was left out; this one reads as that one did only once it had to.
 
 The library's exceptions are raised (``ConnectError``, ``ReadError``...), from the module of
 the library whose default backend this one replaces (``for_library``).
@@ -24,6 +30,7 @@ the library whose default backend this one replaces (``for_library``).
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import ssl
 import sys
@@ -33,8 +40,6 @@ from typing import Any, cast
 
 __all__ = ["AsyncioBackend", "for_library"]
 
-#: bytes a connection holds for the library before it stops reading its socket
-_HIGH_WATER = 256 * 1024
 #: the delay before the next address of a host is tried while one still connects (RFC 8305)
 _HAPPY_EYEBALLS_DELAY = 0.25
 
@@ -76,10 +81,13 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        if len(self.buffer) > _HIGH_WATER and not self._reading_paused and self.transport:
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_result(None)  # a read waits: it takes this
+        elif not self._reading_paused and self.transport is not None:
+            # none waits: the socket keeps what comes next until a read asks for it
             self._reading_paused = True
             self.transport.pause_reading()
-        self._wake_reader()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -119,6 +127,9 @@ class _Connection(asyncio.Protocol):
             return
         if self._reader is not None:
             raise RuntimeError("two reads of one connection at once")
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
         self._reader = asyncio.get_running_loop().create_future()
         try:
             await self._reader
@@ -134,10 +145,6 @@ class _Connection(asyncio.Protocol):
         else:
             data = bytes(buffer[:max_bytes])
             del buffer[:max_bytes]
-        if self._reading_paused and len(buffer) <= _HIGH_WATER // 2 and not self.closed:
-            self._reading_paused = False
-            assert self.transport is not None
-            self.transport.resume_reading()
         return data
 
     async def writable(self) -> None:
@@ -250,9 +257,13 @@ class AsyncioStream:
         conn = self._conn
         transport = conn.transport
         if info == "is_readable":
-            # a connection that is idle reads nothing: anything received, or its end, means
-            # it cannot take another request
-            return bool(conn.buffer) or conn.eof or conn.closed or conn.error is not None
+            # an idle connection reads nothing: anything received, or its end, means it cannot
+            # take another request; the socket is asked too (its reading may be paused, or the
+            # loop not have run since it became readable), as the library's backends ask it
+            if conn.buffer or conn.eof or conn.closed or conn.error is not None:
+                return True
+            sock = transport.get_extra_info("socket") if transport is not None else None
+            return sock is None or _socket_readable(sock.fileno())
         if transport is None:
             return None
         if info == "ssl_object":
@@ -331,6 +342,15 @@ class AsyncioBackend:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+def _socket_readable(fd: int) -> bool:
+    """Whether a read of ``fd`` would return at once (data, its end, or an error)."""
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _is_address(host: str) -> bool:
