@@ -3,6 +3,8 @@
 Started by the pool with ``posix_spawn`` (never ``multiprocessing``; it never imports the host's
 ``__main__``). It imports the pool's preload modules once, so every worker it forks starts
 warm. It is a child subreaper, so orphans of every worker land on it and are reaped here.
+A pool may instead get it forked by a zygote (``_zygote``) that imported the same modules once
+for the pools of many hosts on the machine (``serve_forked``).
 
 It is started in a session of its own (``setsid``), the pool's: each worker makes a process
 group of its own in it. No terminal's signals reach them, and the scheduler's autogroups weigh
@@ -37,7 +39,8 @@ launcher -> host
     ``{"op": "exit", "pid": P, "code": .., "signal": .., "cpu": .., "maxrss": ..}`` once P is
     reaped (scan containment: and the orphans it left are killed and dead)
 
-When the host goes away (EOF on the control socket, or SIGTERM from ``PR_SET_PDEATHSIG``) the
+When the host goes away (EOF on the control socket, or SIGTERM from ``PR_SET_PDEATHSIG``; a
+launcher a zygote forked watches a pidfd of its host instead, see ``serve_forked``) the
 launcher kills every worker tree, reaps everything it can and exits.
 """
 
@@ -126,6 +129,9 @@ class _Launcher:
         self._nice_session()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
+        #: a pidfd of the host when it is not this process's parent (a zygote forked this
+        #: launcher: ``serve_forked``), else -1 (its death is the parent-death signal)
+        self.host_pidfd = -1
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -165,6 +171,8 @@ class _Launcher:
         self.ctrl.setblocking(False)
         self.selector.register(self.ctrl, selectors.EVENT_READ, "ctrl")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        if self.host_pidfd >= 0:
+            self.selector.register(self.host_pidfd, selectors.EVENT_READ, "host")
         self.send({"op": "hello", "pid": self.pid, "landlock": self.scoping})
         while not self.stopping:
             # forks wait behind everything else: a request must not queue behind a batch
@@ -176,6 +184,8 @@ class _Launcher:
             for key, _ in self.selector.select(timeout):
                 if key.data == "ctrl":
                     self._read_control()
+                elif key.data == "host":
+                    self.stopping = True  # the host is gone (its pidfd is readable)
                 else:
                     self._drain_wakeups()
             self._reap()
@@ -319,6 +329,8 @@ class _Launcher:
         os.close(self.selector.fileno())
         os.close(self.wake_r)
         os.close(self.wake_w)
+        if self.host_pidfd >= 0:
+            os.close(self.host_pidfd)
         self.ctrl.close()
 
     def _reap(self) -> None:
@@ -543,26 +555,15 @@ def main() -> None:
     cgroups: dict[str, str] = json.loads(sys.argv[5])
     nice = int(sys.argv[6])
     warm_up = sys.argv[7] if len(sys.argv) > 7 else ""
-    # the pool's Landlock settings travel with the cgroup paths (the launcher's arguments)
-    landlock_cap = int(cgroups.pop("landlock_abi", "-1"))
-    scope_workers = cgroups.pop("scope_workers", "1") == "1"
     ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=CONTROL_FD)
     _linux.set_child_subreaper()
     _linux.set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != host_pid:
         return  # the host died before we could watch it
-    try:
-        scoping = _landlock.worker_scoping(landlock_cap, scope_workers)
-    except OSError as exc:
-        scoping = {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": f"not looked at: {exc}"}
-    launcher = _Launcher(ctrl, max_frame_bytes, cgroups, nice, scoping)
+    launcher = _new_launcher(ctrl, max_frame_bytes, cgroups, nice)
     moving = _Move(f"{cgroups['launcher']}/cgroup.procs") if "launcher" in cgroups else None
     try:
-        import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
-
-        from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
-        from . import _worker  # every worker runs it: imported once, here
-
+        import_engine()
         if moving is not None:
             moving.moved()  # before any preloaded module runs (see ``_Move``)
         for name in preload:
@@ -577,6 +578,67 @@ def main() -> None:
     finally:
         if moving is not None:
             moving.join()  # (again, at once, when it was joined above)
+    _serve(launcher)
+
+
+def import_engine() -> None:
+    """Import what every worker runs, once, before the first fork."""
+    import cloudpickle  # noqa: F401 - imported once here so every worker starts warm
+
+    from .. import _pickled_call  # noqa: F401 - the executor's jobs run it
+    from . import _worker  # noqa: F401 - every worker runs it: imported once, here
+
+
+def rehearse(warm_up: str) -> None:
+    """The pool's ``warm_up`` (``"module:function"``), run once before the first fork."""
+    _rehearse(_resolve(warm_up))
+
+
+def serve_forked(
+    host_pidfd: int,
+    max_frame_bytes: int,
+    cgroups: dict[str, str],
+    nice: int,
+    error: str = "",
+) -> None:
+    """The launcher's life in a process a zygote forked (``_zygote``), which imported for it.
+
+    The control socket is at ``CONTROL_FD`` already. The host is not this process's parent:
+    ``host_pidfd`` (a pidfd of the host, opened while the host waited for this fork) says when
+    it is gone, in place of the parent-death signal. ``error``: what the zygote's imports or
+    warm-up raised, which the hello reports as this launcher's own start would have.
+    """
+    ctrl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=CONTROL_FD)
+    _linux.set_child_subreaper()
+    launcher = _new_launcher(ctrl, max_frame_bytes, cgroups, nice)
+    launcher.host_pidfd = host_pidfd
+    try:
+        if error:
+            raise RuntimeError(error)
+        if "launcher" in cgroups:
+            _cgroup.write(f"{cgroups['launcher']}/cgroup.procs", "0")
+    except BaseException as exc:
+        launcher.send({"op": "hello", "error": f"{type(exc).__name__}: {exc}"})
+        return
+    _serve(launcher)
+
+
+def _new_launcher(
+    ctrl: socket.socket, max_frame_bytes: int, cgroups: dict[str, str], nice: int
+) -> _Launcher:
+    # the pool's Landlock settings travel with the cgroup paths (the launcher's arguments)
+    landlock_cap = int(cgroups.pop("landlock_abi", "-1"))
+    scope_workers = cgroups.pop("scope_workers", "1") == "1"
+    try:
+        scoping = _landlock.worker_scoping(landlock_cap, scope_workers)
+    except OSError as exc:
+        scoping = {"kernel_abi": 0, "abi": 0, "scoped": False, "reason": f"not looked at: {exc}"}
+    return _Launcher(ctrl, max_frame_bytes, cgroups, nice, scoping)
+
+
+def _serve(launcher: _Launcher) -> None:
+    from . import _worker
+
     # made once here, taken by each worker at its first job (made there, the ``ctypes`` calls
     # would write to pages it shares with the launcher)
     _worker.slice_request = _linux.short_slice_request(launcher.worker_nice())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -14,6 +15,12 @@ from typing import Any
 from .._containment import _scan
 from .._wire._protocol import CONTROL_FD
 from ._owned import owned
+from ._zygote_client import Zygote, ZygoteUnavailable, fork_launcher
+
+log = logging.getLogger("zett_agent.process")
+
+#: a launcher's exit status when it is not known (another process reaped it)
+_UNKNOWN = -(1 << 16)
 
 __all__ = ["LauncherHandle"]
 
@@ -21,6 +28,48 @@ _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
     "from zett_agent.process._child._launcher import main; main()"
 )
+
+
+def _spawn(
+    child_fd: int,
+    preload: tuple[str, ...],
+    max_frame_bytes: int,
+    cgroups: dict[str, str],
+    nice: int,
+    warm_up: str,
+) -> int:
+    """``posix_spawn`` a launcher with ``child_fd`` as its control socket; its pid."""
+    extra = None
+    if child_fd == CONTROL_FD:
+        extra = child_fd = os.dup(child_fd)
+    try:
+        argv = [
+            sys.executable,
+            "-c",
+            _BOOTSTRAP,
+            json.dumps(sys.path),
+            str(os.getpid()),
+            str(max_frame_bytes),
+            json.dumps(list(preload)),
+            json.dumps(cgroups),
+            str(nice),
+            warm_up,
+        ]
+        return os.posix_spawn(
+            sys.executable,
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, child_fd, CONTROL_FD),
+            ],
+            setsid=True,  # the pool's session: see _launcher's docstring
+            setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE),
+            setsigmask=(),
+        )
+    finally:
+        if extra is not None:
+            os.close(extra)
 
 
 class LauncherHandle:
@@ -39,55 +88,50 @@ class LauncherHandle:
         cgroups: dict[str, str],
         nice: int = 0,
         warm_up: str = "",
+        zygote: Zygote | None = None,
+        timeout: float = 60.0,
     ) -> None:
+        """Start the launcher: ``posix_spawn``, or a fork of ``zygote`` when one is given.
+
+        With a zygote it blocks up to ``timeout`` seconds (the first launcher of a zygote waits
+        for its imports): call it from a thread then. When the zygote gives no launcher, this
+        process spawns one, and a warning says why.
+        """
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        child_fd = child_sock.fileno()
-        extra = None
+        self.pid: int = 0
+        pidfd = -1
         try:
-            if child_fd == CONTROL_FD:
-                extra = os.dup(child_fd)
-                child_fd = extra
-            argv = [
-                sys.executable,
-                "-c",
-                _BOOTSTRAP,
-                json.dumps(sys.path),
-                str(os.getpid()),
-                str(max_frame_bytes),
-                json.dumps(list(preload)),
-                json.dumps(cgroups),
-                str(nice),
-                warm_up,
-            ]
-            self.pid = os.posix_spawn(
-                sys.executable,
-                argv,
-                os.environ,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, child_fd, CONTROL_FD),
-                ],
-                setsid=True,  # the pool's session: see _launcher's docstring
-                setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE),
-                setsigmask=(),
-            )
+            if zygote is not None:
+                request = {"max_frame_bytes": max_frame_bytes, "cgroups": cgroups, "nice": nice}
+                try:
+                    self.pid, pidfd = fork_launcher(
+                        zygote, preload, warm_up, child_sock.fileno(), request, timeout
+                    )
+                except ZygoteUnavailable as exc:
+                    log.warning("no launcher from the zygote (%s); the pool starts its own", exc)
+            if pidfd < 0:
+                fd = child_sock.fileno()
+                self.pid = _spawn(fd, preload, max_frame_bytes, cgroups, nice, warm_up)
         except BaseException:
             host_sock.close()
             raise
         finally:
             child_sock.close()
-            if extra is not None:
-                os.close(extra)
+        #: whether the launcher is this process's child (a zygote's is not: its exit status
+        #: is the zygote's to collect)
+        self.child = pidfd < 0
         self.sock = owned(host_sock)
         self.sock.setblocking(False)
-        try:
-            self.pidfd = os.pidfd_open(self.pid)
-        except BaseException:
-            self.sock.close()
-            with contextlib.suppress(ChildProcessError):
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            raise
+        if pidfd < 0:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except BaseException:
+                self.sock.close()
+                with contextlib.suppress(ChildProcessError):
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+                raise
+        self.pidfd = pidfd
         self.returncode: int | None = None
         #: its hello message, once it arrived (``landlock``: what its workers get)
         self.hello: dict[str, Any] = {}
@@ -189,10 +233,17 @@ class LauncherHandle:
         """Reap the launcher if it exited (call when ``pidfd`` is readable)."""
         if self.returncode is not None:
             return True
+        if not self.child:
+            # the zygote's to reap; ours only if it was reparented here (this process a
+            # subreaper, its zygote gone): the pidfd names that very process
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+            self.returncode = _UNKNOWN
+            return True
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            self.returncode = -1
+            self.returncode = _UNKNOWN
             return True
         if pid == 0:
             return False
@@ -203,6 +254,8 @@ class LauncherHandle:
         code = self.returncode
         if code is None:
             return "it stopped answering"
+        if code == _UNKNOWN:
+            return "it exited"
         if code < 0:
             try:
                 return f"it was killed by {signal.Signals(-code).name}"
@@ -212,9 +265,13 @@ class LauncherHandle:
 
     def kill(self) -> None:
         """SIGKILL the launcher; its workers die with it (parent-death signal)."""
+        if self.pidfd < 0:
+            return  # closed: it exited, and was reaped
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
     def close(self) -> None:
         self.sock.close()
-        os.close(self.pidfd)
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1

@@ -50,6 +50,7 @@ from ._job import ProcessJob
 from ._job_core import JobCore
 from ._pickling import pickle_job
 from ._supervisor import LauncherSupervisor
+from ._zygote_client import Zygote
 
 if TYPE_CHECKING:
     pass
@@ -175,6 +176,7 @@ class ProcessPool:
         # set first: __del__ must work on a pool whose constructor failed
         self.__started = False
         self.__close_task: asyncio.Task[None] | None = None
+        self.__zygote: Zygote | None = None
         if max_workers is None:
             max_workers = os.cpu_count() or 1
         self.max_workers = _count("max_workers", max_workers, 1)
@@ -336,6 +338,7 @@ class ProcessPool:
             },
             nice=self.nice,
             before_start=containment.launcher_starting,
+            zygote=self.__zygote,
         )
         engine.attach(loop, containment, supervisor)
         self.__started = True
@@ -530,3 +533,12 @@ def engine_of(pool: ProcessPool) -> PoolEngine:
     """
     engine: PoolEngine = vars(pool)["_ProcessPool__engine"]
     return engine
+
+
+def use_zygote(pool: ProcessPool, zygote: Zygote) -> None:
+    """Have ``pool`` get its launchers forked by ``zygote`` (``_child._zygote``), from ``start``.
+
+    For the Ray runner's node pools, many of which on one machine import the same modules.
+    Set before ``start``; a pool whose zygote gives no launcher starts its own.
+    """
+    vars(pool)["_ProcessPool__zygote"] = zygote

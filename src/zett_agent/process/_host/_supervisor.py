@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 from .._containment import _scan
 from .._errors import ProcessError
 from ._control import LauncherHandle
+from ._zygote_client import Zygote
 
 __all__ = ["DEADLINE", "LauncherSupervisor", "Owner"]
 
@@ -83,8 +85,10 @@ class LauncherSupervisor:
         nice: int = 0,
         warm_up: str = "",
         before_start: Callable[[], None] = lambda: None,
+        zygote: Zygote | None = None,
     ) -> None:
         self._loop = loop
+        self._zygote = zygote
         self._before_start = before_start
         self._owner = owner
         self._preload = preload
@@ -127,13 +131,20 @@ class LauncherSupervisor:
         exits).
         """
         self._before_start()
-        launcher = LauncherHandle(
+        make = functools.partial(
+            LauncherHandle,
             preload=self._preload,
             max_frame_bytes=self._max_frame_bytes,
             cgroups=self._cgroups,
             nice=self._nice,
             warm_up=self._warm_up,
         )
+        if self._zygote is None:
+            launcher = make()
+        else:
+            # it blocks while the zygote forks (or imports, the first time): in a thread, as
+            # no parent-death signal ties a zygote's launcher to the thread that asked for it
+            launcher = await _in_thread(make, zygote=self._zygote, timeout=START_TIMEOUT)
         self.current = launcher
         self.handles.add(launcher)
         self.gone.clear()
@@ -438,3 +449,24 @@ class LauncherSupervisor:
         finally:
             self._replacing = None
         self._owner.on_ready()
+
+
+async def _in_thread(make: Callable[..., LauncherHandle], **options: Any) -> LauncherHandle:
+    """``make(**options)`` in a thread; a launcher it makes after a cancellation is killed."""
+    future = asyncio.get_running_loop().run_in_executor(None, functools.partial(make, **options))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_discard)
+        raise
+
+
+def _discard(future: asyncio.Future[LauncherHandle]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    launcher = future.result()
+    launcher.kill()
+    if launcher.child:  # (the zygote reaps its own)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(launcher.pid, 0)
+    launcher.close()
