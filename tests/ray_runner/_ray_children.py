@@ -98,14 +98,33 @@ def _pids_matching(text: str) -> list[int]:
     return found
 
 
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        data = handle.read()
+    return int(data[data.rindex(b")") + 2 :].split()[1])
+
+
+def lineage() -> dict[str, Any]:
+    """This child's pool's launcher (its parent), the launcher's parent, and whether that is a
+    zygote (its command line) and the Ray worker's child."""
+    launcher = os.getppid()
+    above = _parent_of(launcher)
+    with open(f"/proc/{above}/cmdline", "rb") as handle:
+        zygote = b"_zygote" in handle.read()
+    return {"launcher": launcher, "above": above, "zygote": zygote}
+
+
 def supervisors() -> dict[str, int]:
     """The processes that supervise this child on its node: its pool's launcher (its parent),
-    the Ray worker that hosts the pool (the launcher's parent), and the node's reaper actors."""
+    the launcher's parent (the node's zygote template, whose parent, the zygote's gate, is
+    taken too; or the Ray worker that hosts the pool, when the pool started its launcher
+    itself), and the node's reaper actors."""
     launcher = os.getppid()
-    with open(f"/proc/{launcher}/stat", "rb") as handle:
-        data = handle.read()
-    ray_worker = int(data[data.rindex(b")") + 2 :].split()[1])
-    found = {"launcher": launcher, "ray_worker": ray_worker}
+    above = _parent_of(launcher)
+    found = {"launcher": launcher, "above_launcher": above}
+    with open(f"/proc/{above}/cmdline", "rb") as handle:
+        if b"_zygote" in handle.read():
+            found["zygote_gate"] = _parent_of(above)
     for i, pid in enumerate(_pids_matching("ray::Reaper")):
         found[f"reaper{i}"] = pid
     return found

@@ -52,6 +52,28 @@ async def test_a_function_childs_node_pool_preloads_only_what_it_runs(runner: Ra
     assert job.result() == []
 
 
+async def test_the_pools_of_a_node_get_their_launchers_from_its_zygote(
+    ray_cluster: dict[str, Any],
+) -> None:
+    """A new Ray worker's pool gets its launcher forked by the node's zygote, which imported
+    the pool's modules once (issue 34: each such launcher imported them itself, most of a
+    second of CPU): two children in fresh Ray workers on one node, two launchers, one zygote,
+    neither launcher a child of its Ray worker."""
+    runner = RayRunner(fresh_workers=True)
+    try:
+        seen = []
+        for _ in range(2):
+            job = await settle(await runner.submit_function(kids.lineage, resources={"w1": 1}))
+            assert job._tree is not None
+            seen.append((job.result(), job._tree["worker"][0]))
+    finally:
+        await asyncio.wait_for(runner.close(), BOUND)
+    (first, first_worker), (second, second_worker) = seen
+    assert first_worker != second_worker and first["launcher"] != second["launcher"]
+    assert first["zygote"] and first["above"] == second["above"]
+    assert first["above"] not in (first_worker, second_worker)
+
+
 async def test_async_function_and_usage(runner: RayRunner) -> None:
     job = await runner.submit_function(kids.echo_async, "x")
     events = [event async for event in job.events()]

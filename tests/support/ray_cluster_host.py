@@ -41,6 +41,8 @@ PR_SET_CHILD_SUBREAPER = 36
 AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 #: in the command line of a pool's launcher (and of the workers it forks)
 LAUNCHER = "zett_agent.process._child._launcher"
+#: in the command line of a node's zygote, and of the launchers it forks and their workers
+ZYGOTE = "zett_agent.process._child._zygote"
 NODE_ARGS: dict[str, Any] = {
     "object_store_memory": 80 * 2**20,
     "node_ip_address": "127.0.0.1",
@@ -137,6 +139,16 @@ class Host:
         launchers = {
             pid for pid in procs if parents[pid] in workers and "_launcher" in cmdlines.get(pid, "")
         }
+        # a node's zygotes (each of the runner's secret and a pool configuration: a gate and
+        # its template), and the launchers they forked for the Ray workers' pools: the
+        # cluster's own while it lives (a zygote ends with its raylet); a child's tree below
+        # them is a leftover, as below a Ray worker
+        zygotes = {
+            pid
+            for pid in procs
+            if ZYGOTE in cmdlines.get(pid, "") and cmdlines.get(parents[pid]) != cmdlines.get(pid)
+        }
+        launchers |= {pid for pid in procs if parents[pid] in zygotes and pid not in zygotes}
         pool_workers = {
             pid
             for pid in procs
@@ -144,12 +156,12 @@ class Host:
         }
         found = []
         for pid in procs:
-            escaped = parents[pid] == os.getpid() and pid not in daemons
+            escaped = parents[pid] == os.getpid() and pid not in daemons and pid not in zygotes
             below_worker, up = False, parents[pid]
-            if pid in launchers or pid in pool_workers:
+            if pid in launchers or pid in pool_workers or pid in zygotes:
                 up = 0
             while up in parents:
-                if up in workers:
+                if up in workers or up in zygotes:
                     below_worker = True
                     break
                 up = parents[up]
@@ -173,6 +185,14 @@ class Host:
             for pid, (parent, cmdline) in procs.items()
             if LAUNCHER in cmdline and procs.get(parent, (0, ""))[1] != cmdline
         ]
+        # a zygote's launchers: its template's children (a zygote's gate and template are
+        # processes of a zygote's command line whose parent's is not the same)
+        zygotes = {
+            pid
+            for pid, (parent, cmdline) in procs.items()
+            if ZYGOTE in cmdline and procs.get(parent, (0, ""))[1] != cmdline
+        }
+        found += [p for p, (parent, _) in procs.items() if parent in zygotes and p not in zygotes]
         return {"launchers": sorted(found)}
 
     def wait_clean(self, within: float, launchers: list[int] | None = None) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from zett_agent.process import PoolClosed, ProcessError, ProcessPool
 from zett_agent.process._host._job import set_event_filter
+from zett_agent.process._host._pool import use_zygote
+from zett_agent.process._host._zygote_client import Zygote
 from zett_agent.runners._preload import excluded
 from zett_agent.runners._ray._ray_errors import encode_error
 from zett_agent.runners._ray._ray_inbox import NodeInbox
@@ -53,6 +55,9 @@ MAX_QUEUED = 8
 GONE_TIMEOUT = 30.0
 #: seconds a run waits for the model calls it brokered to close after the outcome
 BROKER_CLOSE_TIMEOUT = 10.0
+#: seconds a node's zygote lives on once no pool of it is left (a Ray worker keeps its pool
+#: while Ray keeps the worker)
+ZYGOTE_IDLE = 60.0
 #: what every pool of a node preloads beyond a configuration's modules (light: not this one)
 NODE_MODULES = ("zett_agent.runners._ray._ray_payload",)
 
@@ -67,9 +72,12 @@ class NodeConfig:
     max_buffered_bytes: int = 256 * 1024 * 1024
     preload: tuple[str, ...] = ()
     spare_workers: int = 1
+    #: the runner's secret (hex) for the node's zygote, which imports once for the pools of
+    #: every Ray worker of the node (``process._child._zygote``); "" for none
+    zygote: str = ""
 
     def pool(self, preload: tuple[str, ...]) -> ProcessPool:
-        return ProcessPool(
+        pool = ProcessPool(
             # one child at a time per Ray worker; a second slot for the next one while the
             # last one's tree is being confirmed dead
             max_workers=2,
@@ -80,6 +88,13 @@ class NodeConfig:
             preload=preload,
             containment=self.containment,
         )
+        if self.zygote:
+            # the raylet's end (the node's) ends the zygote; Ray starts every worker from it
+            raylet = os.getppid()
+            start = process_start(raylet)
+            watch = None if start is None else (raylet, start)
+            use_zygote(pool, Zygote(bytes.fromhex(self.zygote), watch, ZYGOTE_IDLE))
+        return pool
 
 
 class NodeHost:

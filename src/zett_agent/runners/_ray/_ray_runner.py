@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -170,6 +171,10 @@ class RayRunner:
         self._started_local = False
         #: modules the children will import (``warm_up``), preloaded by the node pools
         self._modules: tuple[str, ...] = ()
+        #: the secret of this runner's zygotes, one per node and configuration: each imports
+        #: the node pools' modules once, and forks their launchers (``_ray_node``); only the
+        #: runner's tasks hold it (a child never sees its task's arguments)
+        self._zygote = secrets.token_hex(32)
 
     def __repr__(self) -> str:
         state = "closed" if self._driver.closed else "connected" if self._remote else "new"
@@ -386,6 +391,7 @@ class RayRunner:
             "max_buffered_events": self.max_buffered_events,
             "max_buffered_bytes": self.max_buffered_bytes,
             "preload": tuple(preload),
+            "zygote": self._zygote,
         }
         token = uuid.uuid4().hex
         generator = (
