@@ -95,7 +95,16 @@ async def main() -> None:
         job = await runner.submit_function(echo, 7)
         await asyncio.wait_for(job.wait(), 120)
         assert job.result() == 7, job.exception()
-        print(json.dumps({"prestarted": prestarted, "listening": listening()}), flush=True)
+        # another runner of this process on that Ray: its tasks need no runtime environment
+        # (each worker would start through Ray's setup_worker, a second interpreter)
+        other = RayRunner(address=None)
+        other.connect()
+        plain = all("runtime_env" not in f._default_options for f in other._remote.values())
+        await other.close()
+        print(
+            json.dumps({"prestarted": prestarted, "listening": listening(), "plain": plain}),
+            flush=True,
+        )
     finally:
         await runner.close()
 

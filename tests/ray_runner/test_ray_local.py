@@ -51,3 +51,4 @@ def test_a_local_ray_listens_on_loopback_only_and_prestarts_its_workers() -> Non
     assert wide == [], f"{len(wide)} of {len(sockets)} listen beyond loopback: {wide}"
     # prestart_workers: the workers were running when connect() returned
     assert said["prestarted"] >= 4, said["prestarted"]
+    assert said["plain"]  # a second runner on that Ray asks for no runtime environment

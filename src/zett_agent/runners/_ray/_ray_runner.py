@@ -45,6 +45,11 @@ _BROKER_MODULES = ("zett_agent.runners._broker._standin", "zett_agent.process._c
 #: the workers of this runner, whose only child is their pool's launcher, which kills every
 #: tree it started once its host is gone (and would be killed first otherwise)
 _KEEP_CHILDREN = {"RAY_kill_child_processes_on_worker_exit": "0"}
+#: the GCS address of the local Ray a runner of this process started, whose system config
+#: keeps the workers' children already: the other runners of the process that join it need
+#: no runtime environment for that (with one, each Ray worker starts through Ray's
+#: ``setup_worker``: a second interpreter importing Ray, about 0.3 s of CPU per worker)
+_local_gcs: str | None = None
 
 
 class RayRunner:
@@ -223,11 +228,15 @@ class RayRunner:
                 ray.init(**kwargs)
             self._initialized_here = True
             self._started_local = local
+            if local:
+                global _local_gcs
+                _local_gcs = ray.get_runtime_context().gcs_address
             if local and self.prestart_workers:
                 _prestart(self.prestart_workers)
         if self._remote is None:
             options: dict[str, Any] = {}
-            if not self._started_local:
+            joined_ours = _local_gcs is not None and _local_gcs == _gcs_address()
+            if not (self._started_local or joined_ours):
                 # a cluster this runner did not start: ask it per task (merged with the job's)
                 options["runtime_env"] = {"env_vars": dict(_KEEP_CHILDREN)}
             reused = ray.remote(**options) if options else ray.remote
@@ -463,3 +472,9 @@ def _pickle(value: object) -> bytes:
     import cloudpickle
 
     return bytes(cloudpickle.dumps(value))
+
+
+def _gcs_address() -> str | None:
+    with contextlib.suppress(Exception):
+        return str(ray.get_runtime_context().gcs_address)
+    return None
