@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
 import socket
@@ -15,9 +14,7 @@ from typing import Any
 from .._containment import _scan
 from .._wire._protocol import CONTROL_FD
 from ._owned import owned
-from ._zygote_client import Zygote, ZygoteUnavailable, fork_launcher
-
-log = logging.getLogger("zett_agent.process")
+from ._zygote_client import Zygote, fork_launcher
 
 #: a launcher's exit status when it is not known (another process reaped it)
 _UNKNOWN = -(1 << 16)
@@ -94,8 +91,9 @@ class LauncherHandle:
         """Start the launcher: ``posix_spawn``, or a fork of ``zygote`` when one is given.
 
         With a zygote it blocks up to ``timeout`` seconds (the first launcher of a zygote waits
-        for its imports): call it from a thread then. When the zygote gives no launcher, this
-        process spawns one, and a warning says why.
+        for its imports): call it from a thread then; it raises ``ZygoteUnavailable`` when the
+        zygote gives none. Without, call it from the thread that lives as long as the pool:
+        a spawned launcher's parent-death signal fires when the thread that spawned it ends.
         """
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid: int = 0
@@ -103,13 +101,10 @@ class LauncherHandle:
         try:
             if zygote is not None:
                 request = {"max_frame_bytes": max_frame_bytes, "cgroups": cgroups, "nice": nice}
-                try:
-                    self.pid, pidfd = fork_launcher(
-                        zygote, preload, warm_up, child_sock.fileno(), request, timeout
-                    )
-                except ZygoteUnavailable as exc:
-                    log.warning("no launcher from the zygote (%s); the pool starts its own", exc)
-            if pidfd < 0:
+                self.pid, pidfd = fork_launcher(
+                    zygote, preload, warm_up, child_sock.fileno(), request, timeout
+                )
+            else:
                 fd = child_sock.fileno()
                 self.pid = _spawn(fd, preload, max_frame_bytes, cgroups, nice, warm_up)
         except BaseException:

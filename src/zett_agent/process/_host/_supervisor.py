@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import signal
 import time
@@ -26,7 +27,9 @@ from typing import Any, Protocol
 from .._containment import _scan
 from .._errors import ProcessError
 from ._control import LauncherHandle
-from ._zygote_client import Zygote
+from ._zygote_client import Zygote, ZygoteUnavailable
+
+log = logging.getLogger("zett_agent.process")
 
 __all__ = ["DEADLINE", "LauncherSupervisor", "Owner"]
 
@@ -139,12 +142,13 @@ class LauncherSupervisor:
             nice=self._nice,
             warm_up=self._warm_up,
         )
-        if self._zygote is None:
-            launcher = make()
-        else:
+        launcher = None
+        if self._zygote is not None:
             # it blocks while the zygote forks (or imports, the first time): in a thread, as
             # no parent-death signal ties a zygote's launcher to the thread that asked for it
-            launcher = await _in_thread(make, zygote=self._zygote, timeout=START_TIMEOUT)
+            launcher = await _from_zygote(make, self._zygote)
+        if launcher is None:
+            launcher = make()  # on this thread: the one its parent-death signal watches
         self.current = launcher
         self.handles.add(launcher)
         self.gone.clear()
@@ -451,11 +455,20 @@ class LauncherSupervisor:
         self._owner.on_ready()
 
 
-async def _in_thread(make: Callable[..., LauncherHandle], **options: Any) -> LauncherHandle:
-    """``make(**options)`` in a thread; a launcher it makes after a cancellation is killed."""
-    future = asyncio.get_running_loop().run_in_executor(None, functools.partial(make, **options))
+async def _from_zygote(
+    make: Callable[..., LauncherHandle], zygote: Zygote
+) -> LauncherHandle | None:
+    """A launcher from ``zygote`` (``make`` in a thread), or ``None`` when it gives none.
+
+    A launcher that comes after a cancellation is killed.
+    """
+    work = functools.partial(make, zygote=zygote, timeout=START_TIMEOUT)
+    future = asyncio.get_running_loop().run_in_executor(None, work)
     try:
         return await asyncio.shield(future)
+    except ZygoteUnavailable as exc:
+        log.warning("no launcher from the zygote (%s); the pool starts its own", exc)
+        return None
     except asyncio.CancelledError:
         future.add_done_callback(_discard)
         raise
@@ -464,9 +477,6 @@ async def _in_thread(make: Callable[..., LauncherHandle], **options: Any) -> Lau
 def _discard(future: asyncio.Future[LauncherHandle]) -> None:
     if future.cancelled() or future.exception() is not None:
         return
-    launcher = future.result()
+    launcher = future.result()  # a zygote's (the zygote reaps it)
     launcher.kill()
-    if launcher.child:  # (the zygote reaps its own)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(launcher.pid, 0)
     launcher.close()
