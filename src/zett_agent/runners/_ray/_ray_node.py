@@ -8,11 +8,14 @@ engine gives a job (its containment, its Landlock domain, its limits, its sandbo
 decoding of what it sends). The Ray task's own thread (``_ray_task``) only passes what the job
 does on to the driver: a ``NodeRun`` is the meeting point of the two threads.
 
-The pools are started from the loop's thread, which lives as long as the Ray worker process,
-because a launcher's parent-death signal fires when the thread that started it ends. When the
-Ray worker dies (a force cancel, its driver's death, Ray ending an idle worker), every launcher
-sees its host go and kills every tree it started, as with any dead host (the runner asks Ray
-not to kill a worker's children itself, see ``RayRunner``).
+A pool's launcher is forked by the node's zygote for the runner's secret and the pool's
+preload (``NodeConfig.zygote``, ``process._child._zygote``), which imports the pool's modules
+once for every Ray worker of the node; a pool whose zygote gives none starts its own. The
+pools are started from the loop's thread, which lives as long as the Ray worker process,
+because a spawned launcher's parent-death signal fires when the thread that started it ends.
+When the Ray worker dies (a force cancel, its driver's death, Ray ending an idle worker),
+every launcher sees its host go and kills every tree it started, as with any dead host (the
+runner asks Ray not to kill a worker's children itself, see ``RayRunner``).
 
 Imported by Ray workers (never by the pools' launchers and workers); it imports no Ray.
 """
