@@ -36,7 +36,14 @@ def test_the_cluster_going_away_fails_tasks_and_the_extension_answers_and_closes
             host.call("kill_cluster")
             driver.stdin.write("go\n")
             driver.stdin.flush()
-            outcome = json.loads(driver.stdout.readline())
+            # Ray prints its own news to its driver's stdout too ("(raylet) Raylet is
+            # terminated...", as it sees the cluster go): the outcome is the one JSON line
+            outcome = None
+            for line in driver.stdout:
+                if line.startswith("{"):
+                    outcome = json.loads(line)
+                    break
+            assert outcome is not None, "the driver printed no outcome"
             assert driver.wait(timeout=BOUND) == 0
         finally:
             driver.kill()
