@@ -122,6 +122,12 @@ def environ() -> dict[str, str]:
     return dict(os.environ)
 
 
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def cwd() -> str:
     return os.getcwd()
 

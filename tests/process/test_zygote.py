@@ -90,6 +90,11 @@ async def test_pools_that_hold_one_secret_get_launchers_from_one_zygote(
         async with first:
             # what a launcher takes is its host's as the pool starts, not the zygote's
             monkeypatch.setenv("ZETT_TEST_ZYGOTE", "second")
+            before = os.umask(0o027)
+            try:
+                await second.start()
+            finally:
+                os.umask(before)
             async with second:
                 launchers = [int(p.containment_info["launcher_pid"]) for p in (first, second)]
                 templates = {_parent(pid) for pid in launchers}
@@ -102,6 +107,7 @@ async def test_pools_that_hold_one_secret_get_launchers_from_one_zygote(
                 seen = await second.submit(_jobs.environ)
                 assert seen["ZETT_TEST_ZYGOTE"] == "second"
                 assert await second.submit(_jobs.cwd) == os.getcwd()
+                assert await second.submit(_jobs.umask) == 0o027 != before
                 # each launcher in a session of its own, as a spawned one is
                 assert len({os.getsid(pid) for pid in (*launchers, zygote_pid)}) == 3
             _wait_gone([launchers[1]])  # a closed pool's launcher exits

@@ -308,7 +308,9 @@ class ProcessPool:
 
         Blocks the event loop once, for the ``posix_spawn`` of the launcher: about 0.3 ms,
         several ms when the CPUs are busy. It cannot move to a helper thread: the launcher's
-        parent-death signal fires when the thread that spawned it ends.
+        parent-death signal fires when the thread that spawned it ends. (A pool given a zygote,
+        ``use_zygote``, asks it for its launcher from a helper thread instead, and spawns one
+        itself only when the zygote gives none.)
         """
         engine = self.__engine
         if engine.closed:

@@ -79,8 +79,7 @@ def fork_launcher(
     deadline = time.monotonic() + timeout
     parts = _parts(preload, warm_up)
     name = socket_name(zygote.secret, parts)
-    umask = os.umask(0o022)
-    os.umask(umask)
+    umask = _umask()
     request = {
         **request,
         "host_pid": os.getpid(),
@@ -108,6 +107,19 @@ def fork_launcher(
             raise ZygoteUnavailable(f"{type(exc).__name__}: {exc}") from None
         finally:
             sock.close()
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it.
+
+    ``os.umask`` sets it to read it, for every thread of the process, and the host's other
+    threads go on making files meanwhile.
+    """
+    with open("/proc/self/status", "rb") as handle:
+        for line in handle:
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
+    raise ZygoteUnavailable("this kernel does not show the umask in /proc/self/status")
 
 
 def _left(deadline: float) -> float:
